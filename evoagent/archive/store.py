@@ -1,0 +1,295 @@
+"""The archive: every agent variant, its lineage and evaluations, in one SQLite file.
+
+It is the run's only state. The search loop writes one transaction per generation
+(``commit_generation``), so a crash or Ctrl-C leaves the archive at the end of the last whole
+generation and ``--resume`` continues from there; nothing else is read back. WAL mode lets
+``evoagent archive ...`` read while a run writes; a lock file keeps a second writer out.
+JSON columns hold versioned, plain data (no pickles).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from evoagent.errors import ArchiveError
+from evoagent.execute.trajectory import Trajectory
+from evoagent.graph.io import graph_from_dict
+from evoagent.graph.model import AgentGraph
+
+SCHEMA_VERSION = 1
+DB_NAME = "archive.sqlite"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT NOT NULL, started REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS agents (
+    id TEXT PRIMARY KEY, graph_json TEXT NOT NULL, parents_json TEXT NOT NULL,
+    operator TEXT NOT NULL, generation INTEGER NOT NULL, island INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('ok', 'invalid', 'crashed')), reason TEXT,
+    created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS evaluations (
+    agent_id TEXT NOT NULL REFERENCES agents(id), split TEXT NOT NULL, stage TEXT NOT NULL,
+    weights_version INTEGER NOT NULL, score REAL NOT NULL, n INTEGER NOT NULL,
+    tokens INTEGER NOT NULL, seconds REAL NOT NULL, generation INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS eval_agent ON evaluations(agent_id, split, weights_version);
+CREATE TABLE IF NOT EXISTS trajectories (
+    agent_id TEXT NOT NULL REFERENCES agents(id), split TEXT NOT NULL,
+    weights_version INTEGER NOT NULL, input_id TEXT NOT NULL, reward REAL, json TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS traj_agent ON trajectories(agent_id, split);
+CREATE TABLE IF NOT EXISTS generations (
+    generation INTEGER PRIMARY KEY, weights_version INTEGER NOT NULL, committed REAL NOT NULL,
+    best_id TEXT, best_score REAL);
+CREATE TABLE IF NOT EXISTS rl_checkpoints (
+    weights_version INTEGER PRIMARY KEY, generation INTEGER NOT NULL, path TEXT NOT NULL,
+    metrics_json TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class AgentRecord:
+    """One archived variant (valid or not) and where it came from."""
+
+    id: str
+    graph: AgentGraph | None
+    parents: tuple[str, ...]
+    operator: str
+    generation: int
+    island: int
+    status: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    agent_id: str
+    split: str
+    stage: str  # "minibatch" | "full"
+    weights_version: int
+    score: float
+    n: int
+    tokens: int
+    seconds: float
+    generation: int
+
+
+@dataclass
+class GenerationWrite:
+    """Everything one generation adds; written atomically by ``commit_generation``."""
+
+    generation: int
+    weights_version: int
+    agents: list[AgentRecord]
+    evaluations: list[EvalRecord]
+    trajectories: list[tuple[str, Trajectory, int]]  # (split, trajectory, weights version)
+    checkpoint: tuple[str, dict[str, Any]] | None = None  # (path, metrics) of a new RL version
+
+
+class Archive:
+    """Open (creating if needed) the archive of one run folder."""
+
+    def __init__(self, run_dir: Path, *, write: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self._lock: IO[str] | None = None
+        path = self.run_dir / DB_NAME
+        if write:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = _take_lock(self.run_dir / "archive.lock")
+        elif not path.is_file():
+            raise ArchiveError(f"no archive at {path}")
+        self.db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        if write:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(_SCHEMA)
+            self._check_version()
+
+    def _check_version(self) -> None:
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row["value"]) != SCHEMA_VERSION:
+            raise ArchiveError(
+                f"{self.run_dir}: archive schema v{row['value']}, this evoagent reads v{SCHEMA_VERSION}"
+            )
+
+    def close(self) -> None:
+        self.db.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writes ------------------------------------------------------------------------------
+    def start_run(self, name: str, spec_json: str) -> None:
+        self.db.execute(
+            "INSERT INTO runs (name, spec_json, started) VALUES (?, ?, ?)", (name, spec_json, time.time())
+        )
+
+    def commit_generation(self, w: GenerationWrite) -> None:
+        """Write a whole generation in one transaction: all of it lands, or none."""
+        now = time.time()
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            for a in w.agents:
+                self.db.execute(
+                    "INSERT OR IGNORE INTO agents VALUES (?,?,?,?,?,?,?,?,?)",
+                    (
+                        a.id,
+                        a.graph.canonical_json() if a.graph else "null",
+                        json.dumps(list(a.parents)),
+                        a.operator,
+                        a.generation,
+                        a.island,
+                        a.status,
+                        a.reason,
+                        now,
+                    ),
+                )
+            self.db.executemany(
+                "INSERT INTO evaluations VALUES (?,?,?,?,?,?,?,?,?)",
+                [
+                    (e.agent_id, e.split, e.stage, e.weights_version, e.score, e.n, e.tokens,
+                     e.seconds, e.generation)
+                    for e in w.evaluations
+                ],
+            )
+            self.db.executemany(
+                "INSERT INTO trajectories VALUES (?,?,?,?,?,?)",
+                [(t.agent_id, s, v, t.input_id, t.reward, t.to_json()) for s, t, v in w.trajectories],
+            )
+            if w.checkpoint is not None:
+                path, metrics = w.checkpoint
+                self.db.execute(
+                    "INSERT OR REPLACE INTO rl_checkpoints VALUES (?,?,?,?)",
+                    (w.weights_version, w.generation, path, json.dumps(metrics)),
+                )
+            best = self.best("val", w.weights_version)
+            self.db.execute(
+                "INSERT OR REPLACE INTO generations VALUES (?,?,?,?,?)",
+                (w.generation, w.weights_version, now, best[0].id if best else None,
+                 best[1] if best else None),
+            )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    # -- reads -------------------------------------------------------------------------------
+    def last_generation(self) -> tuple[int, int] | None:
+        """(generation, weights version) of the last committed generation, or None."""
+        row = self.db.execute(
+            "SELECT generation, weights_version FROM generations ORDER BY generation DESC LIMIT 1"
+        ).fetchone()
+        return (row["generation"], row["weights_version"]) if row else None
+
+    def agents(self, status: str | None = None) -> list[AgentRecord]:
+        q = "SELECT * FROM agents" + (" WHERE status = ?" if status else "") + " ORDER BY created, id"
+        return [_agent(r) for r in self.db.execute(q, (status,) if status else ())]
+
+    def agent(self, agent_id: str) -> AgentRecord:
+        """The agent whose id is ``agent_id`` or starts with it (unique prefix)."""
+        rows = self.db.execute("SELECT * FROM agents WHERE id LIKE ?", (agent_id + "%",)).fetchall()
+        if len(rows) != 1:
+            what = "no agent" if not rows else f"{len(rows)} agents"
+            raise ArchiveError(f"{what} with id {agent_id!r} in {self.run_dir}")
+        return _agent(rows[0])
+
+    def evaluations(self, agent_id: str | None = None) -> list[EvalRecord]:
+        q = "SELECT * FROM evaluations" + (" WHERE agent_id = ?" if agent_id else "")
+        return [EvalRecord(**dict(r)) for r in self.db.execute(q, (agent_id,) if agent_id else ())]
+
+    def score(self, agent_id: str, split: str, version: int) -> float | None:
+        """The agent's latest full-stage score on ``split`` under weights ``version``."""
+        row = self.db.execute(
+            "SELECT score FROM evaluations WHERE agent_id=? AND split=? AND weights_version=? "
+            "AND stage='full' ORDER BY rowid DESC LIMIT 1",
+            (agent_id, split, version),
+        ).fetchone()
+        return row["score"] if row else None
+
+    def scored(self, split: str, version: int) -> list[tuple[AgentRecord, float]]:
+        """Valid agents with a full score on ``split`` under ``version``, best first."""
+        rows = self.db.execute(
+            "SELECT a.*, e.score AS s FROM agents a JOIN evaluations e ON e.agent_id = a.id "
+            "WHERE a.status='ok' AND e.split=? AND e.weights_version=? AND e.stage='full' "
+            "ORDER BY e.score DESC, a.generation, a.id",
+            (split, version),
+        ).fetchall()
+        seen: dict[str, tuple[AgentRecord, float]] = {}
+        for r in rows:
+            seen.setdefault(r["id"], (_agent(r), r["s"]))
+        return list(seen.values())
+
+    def best(self, split: str, version: int) -> tuple[AgentRecord, float] | None:
+        ranked = self.scored(split, version)
+        return ranked[0] if ranked else None
+
+    def trajectories(self, agent_id: str, split: str | None = None) -> Iterator[Trajectory]:
+        q = "SELECT json FROM trajectories WHERE agent_id=?" + (" AND split=?" if split else "")
+        for r in self.db.execute(q, (agent_id, split) if split else (agent_id,)):
+            yield Trajectory.from_json(r["json"])
+
+    def lineage(self, agent_id: str) -> list[AgentRecord]:
+        """The agent and its ancestors, breadth-first (parents before grandparents)."""
+        out, queue, seen = [], [self.agent(agent_id).id], set()
+        while queue:
+            a = self.agent(queue.pop(0))
+            if a.id in seen:
+                continue
+            seen.add(a.id)
+            out.append(a)
+            queue.extend(p for p in a.parents if p not in seen)
+        return out
+
+    def generations(self) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM generations ORDER BY generation").fetchall()
+
+    def checkpoints(self) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM rl_checkpoints ORDER BY weights_version").fetchall()
+
+    def known_ids(self) -> set[str]:
+        return {r["id"] for r in self.db.execute("SELECT id FROM agents")}
+
+
+def _agent(r: sqlite3.Row) -> AgentRecord:
+    raw = json.loads(r["graph_json"])
+    return AgentRecord(
+        id=r["id"],
+        graph=graph_from_dict(raw, f"archive agent {r['id']}") if raw is not None else None,
+        parents=tuple(json.loads(r["parents_json"])),
+        operator=r["operator"],
+        generation=r["generation"],
+        island=r["island"],
+        status=r["status"],
+        reason=r["reason"],
+    )
+
+
+def _take_lock(path: Path) -> IO[str]:
+    fh = open(path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise ArchiveError(
+            f"another evoagent process is writing to {path.parent}; wait for it or stop it"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()))
+    fh.flush()
+    return fh
+

@@ -1,0 +1,53 @@
+"""Cascade evaluation: score a child on a small val minibatch first and spend the full val split
+only on children that clear the bar (AlphaEvolve / OpenEvolve's evaluation cascade).
+
+The minibatch is the first ``minibatch`` val examples, fixed for the whole run, so minibatch
+scores are comparable across children; the full stage reuses the minibatch trajectories and
+runs only the remaining examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from evoagent.execute.evaluate import Evaluation, evaluate
+from evoagent.execute.executor import ExecContext
+from evoagent.graph.model import AgentGraph
+from evoagent.spec.config import CascadeConfig, RewardConfig
+from evoagent.tasks.datasets import Example
+
+
+@dataclass
+class CascadeResult:
+    minibatch: Evaluation
+    full: Evaluation | None  # None: the child did not clear the minibatch bar
+
+
+async def cascade(
+    graph: AgentGraph,
+    val: Sequence[Example],
+    ctx: ExecContext,
+    reward: RewardConfig,
+    cfg: CascadeConfig,
+    concurrency: int,
+    on_done: Callable[[], None] | None = None,
+) -> CascadeResult:
+    """Minibatch stage, then (if ``score > threshold``) the rest of val merged into ``full``."""
+    m = min(cfg.minibatch, len(val))
+    first = await evaluate(graph, val[:m], ctx, reward, concurrency, on_done=on_done)
+    if first.score <= cfg.threshold and m < len(val):
+        return CascadeResult(first, None)
+    if m == len(val):
+        return CascadeResult(first, first)
+    rest = await evaluate(graph, val[m:], ctx, reward, concurrency, on_done=on_done)
+    trajs = first.trajectories + rest.trajectories
+    full = Evaluation(
+        score=sum(t.reward or 0.0 for t in trajs) / len(trajs),
+        n=len(trajs),
+        weights_version=rest.weights_version,
+        tokens=first.tokens + rest.tokens,
+        seconds=first.seconds + rest.seconds,
+        trajectories=trajs,
+    )
+    return CascadeResult(first, full)

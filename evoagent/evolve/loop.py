@@ -1,0 +1,327 @@
+"""The outer loop: seed, then per generation select, mutate, validate, cascade-evaluate, archive;
+every ``rl.every`` generations an RL phase trains the policy on the elite's rollouts.
+
+State lives only in the archive: each generation is computed in memory and written in one
+transaction at its end, and every random choice derives from (run seed, generation, slot), so
+``--resume`` after a crash or Ctrl-C redoes the unfinished generation exactly as it would have
+run. Per-candidate failures (an operator that does not apply, an invalid graph, an operator that
+crashes) are archived with the reason; only systemic faults (the model is gone) stop the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
+from evoagent.errors import EvoagentError, GraphError, MutationError
+from evoagent.evolve.cascade import cascade
+from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
+from evoagent.evolve.selection import Candidate, get_selector
+from evoagent.execute.evaluate import Evaluation, evaluate
+from evoagent.execute.executor import ExecContext, request_seed
+from evoagent.execute.trajectory import Trajectory
+from evoagent.graph import AgentGraph, load_graph, validate
+from evoagent.llm.backend import Backend
+from evoagent.spec.config import RunSpec
+from evoagent.tasks.datasets import Example, load_examples, split
+from evoagent.tools import ToolContext, known_tools
+
+
+class Reporter(Protocol):
+    """Progress sink (the CLI draws rich bars); every method is optional to act on."""
+
+    def stage(self, name: str, total: int) -> None: ...
+
+    def advance(self) -> None: ...
+
+    def log(self, message: str) -> None: ...
+
+
+class NullReporter:
+    def stage(self, name: str, total: int) -> None: ...
+
+    def advance(self) -> None: ...
+
+    def log(self, message: str) -> None: ...
+
+
+class RLHook(Protocol):
+    """What the loop needs from the inner RL loop (``evoagent.rl.phase.RLPhase``)."""
+
+    async def train(
+        self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int
+    ) -> tuple[str, dict[str, float]]: ...
+
+    def restore(self, path: str, version: int) -> None: ...
+
+
+@dataclass
+class SearchResult:
+    run_dir: Path
+    best_id: str
+    best_val: float
+    seed_val: float
+    test: float | None
+    weights_version: int
+    generations: int
+
+
+@dataclass
+class _Pending:
+    """One generation's writes, accumulated in memory until the commit."""
+
+    generation: int
+    version: int
+    agents: list[AgentRecord] = field(default_factory=list)
+    evaluations: list[EvalRecord] = field(default_factory=list)
+    trajectories: list[tuple[str, Trajectory, int]] = field(default_factory=list)
+
+    def add_eval(self, agent_id: str, split_: str, stage: str, ev: Evaluation) -> None:
+        self.evaluations.append(
+            EvalRecord(agent_id, split_, stage, ev.weights_version, ev.score, ev.n, ev.tokens,
+                       ev.seconds, self.generation)
+        )
+
+    def write(self, checkpoint: tuple[str, dict] | None = None) -> GenerationWrite:
+        return GenerationWrite(self.generation, self.version, self.agents, self.evaluations,
+                               self.trajectories, checkpoint)
+
+
+class Search:
+    """One run of the outer loop over an archive."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        policy: Backend,
+        mutator: Backend,
+        archive: Archive,
+        reporter: Reporter | None = None,
+        rl: RLHook | None = None,
+    ) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.mutator = mutator
+        self.archive = archive
+        self.reporter = reporter or NullReporter()
+        self.rl = rl
+        examples = load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir))
+        self.splits = split(examples, spec.task.splits, spec.seed)
+        self.by_id = {e.id: e for e in examples}
+        self.ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed)
+        self.tools = sorted(set(known_tools()) | set(spec.task.tools))
+        self.operators = [(get_operator(o.name), o.weight) for o in spec.evolve.operators]
+        self.select = get_selector(spec.evolve.selection.kind)
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> SearchResult:
+        """Seed (or resume), run the remaining generations, then score the best on test once."""
+        last = self.archive.last_generation()
+        if last is None:
+            self.archive.start_run(self.spec.name, self.spec.model_dump_json())
+            await self._seed()
+            last = (0, 0)
+        else:
+            self.reporter.log(f"resuming after generation {last[0]} (weights v{last[1]})")
+            if last[1] > 0:
+                self._restore(last[1])
+        gen, version = last
+        self.policy_version(version)
+        for gen in range(last[0] + 1, self.spec.evolve.generations + 1):
+            version = await self._generation(gen, version)
+        return await self._finish(gen, version)
+
+    def policy_version(self, version: int) -> None:
+        self.policy.weights_version = version
+
+    def _restore(self, version: int) -> None:
+        rows = [r for r in self.archive.checkpoints() if r["weights_version"] == version]
+        if self.rl is None or not rows:
+            raise EvoagentError(f"the archive is at weights v{version} but its checkpoint is missing")
+        self.rl.restore(rows[0]["path"], version)
+
+    async def _seed(self) -> None:
+        pending = _Pending(0, 0)
+        val = self.splits["val"]
+        graphs = [load_graph(self.spec.resolve(p)) for p in self.spec.graphs]
+        self.reporter.stage("seeds", len(graphs) * len(val))
+        seen: set[str] = set()
+        for i, g in enumerate(graphs):
+            validate(g, self.tools)
+            if g.id in seen:
+                continue
+            seen.add(g.id)
+            pending.agents.append(AgentRecord(g.id, g, (), "seed", 0, i % self.spec.evolve.selection.islands, "ok", None))
+        evs = await asyncio.gather(*(self._full(a.graph, val) for a in pending.agents))
+        for a, ev in zip(pending.agents, evs, strict=True):
+            self._record(pending, a.id, "val", "full", ev)
+            self.reporter.log(f"seed {a.graph.name} [{a.id}] val {ev.score:.3f}")
+        self.archive.commit_generation(pending.write())
+
+    async def _full(self, graph: AgentGraph, examples: Sequence[Example]) -> Evaluation:
+        return await evaluate(graph, examples, self.ctx, self.spec.task.reward,
+                              self.spec.concurrency, on_done=self.reporter.advance)
+
+    def _record(self, pending: _Pending, agent_id: str, split_: str, stage: str, ev: Evaluation) -> None:
+        pending.add_eval(agent_id, split_, stage, ev)
+        pending.trajectories.extend((split_, t, ev.weights_version) for t in ev.trajectories)
+
+    def _pool(self, version: int) -> list[Candidate]:
+        counts: dict[str, int] = {}
+        for a in self.archive.agents():
+            for p in a.parents:
+                counts[p] = counts.get(p, 0) + 1
+        return [
+            Candidate(a.id, a.graph, s, a.island, counts.get(a.id, 0), a.generation)
+            for a, s in self.archive.scored("val", version)
+            if a.graph is not None
+        ]
+
+    async def _generation(self, gen: int, version: int) -> int:
+        cfg = self.spec.evolve
+        pending = _Pending(gen, version)
+        pool = self._pool(version)
+        if not pool:
+            raise EvoagentError("no valid scored agent to evolve from (all seeds failed?)")
+        known = self.archive.known_ids()
+        made = await asyncio.gather(*(self._child(gen, slot, pool) for slot in range(cfg.children)))
+        children: list[tuple[AgentRecord, AgentGraph]] = []
+        for rec in made:
+            if rec.id in known:
+                self.reporter.log(f"gen {gen}: {rec.operator} rebuilt existing agent {rec.id}; skipped")
+                continue
+            known.add(rec.id)
+            pending.agents.append(rec)
+            if rec.status == "ok" and rec.graph is not None:
+                children.append((rec, rec.graph))
+            else:
+                self.reporter.log(f"gen {gen}: {rec.operator} -> {rec.status}: {rec.reason}")
+        val = self.splits["val"]
+        self.reporter.stage(f"gen {gen}: evaluate {len(children)} children", len(children) * len(val))
+        results = await asyncio.gather(*(
+            cascade(g, val, self.ctx, self.spec.task.reward, cfg.cascade, self.spec.concurrency,
+                    on_done=self.reporter.advance)
+            for _, g in children
+        ))
+        for (rec, _), res in zip(children, results, strict=True):
+            self._record(pending, rec.id, "val", "minibatch", res.minibatch)
+            if res.full is not None:
+                pending.add_eval(rec.id, "val", "full", res.full)
+                done = {t.input_id for t in res.minibatch.trajectories}
+                pending.trajectories.extend(
+                    ("val", t, version) for t in res.full.trajectories if t.input_id not in done
+                )
+            score = f"val {res.full.score:.3f}" if res.full else f"minibatch {res.minibatch.score:.3f} (stopped)"
+            self.reporter.log(f"gen {gen}: {rec.operator} {rec.parents} -> {rec.id} {score}")
+        checkpoint = None
+        if self.rl is not None and self.spec.rl.enabled and gen % self.spec.rl.every == 0:
+            checkpoint, version = await self._rl_phase(pending, gen, version)
+        self.archive.commit_generation(pending.write(checkpoint))
+        return version
+
+    async def _child(self, gen: int, slot: int, pool: list[Candidate]) -> AgentRecord:
+        """Build one child; whatever goes wrong becomes an invalid or crashed archive row."""
+        rng = random.Random(request_seed(self.spec.seed, "child", gen, slot))
+        ops, weights = zip(*self.operators)
+        op: Operator = rng.choices(ops, weights=weights, k=1)[0]
+        parents, island = self.select(pool, op.parents, slot, gen, rng, self.spec.evolve.selection)
+        ids = tuple(p.id for p in parents)
+        base = dict(parents=ids, operator=op.name, generation=gen, island=island)
+        if len(parents) < op.parents:
+            return _failed(gen, slot, base, "invalid", f"{op.name} needs {op.parents} parents")
+        ctx = self._mutation_context(parents[0], rng, [c for c in pool])
+        try:
+            child = await op.apply([p.graph for p in parents], ctx)
+        except MutationError as e:
+            return _failed(gen, slot, base, "invalid", str(e))
+        except EvoagentError:
+            raise
+        except Exception as e:  # a user's operator is a candidate boundary: archive, go on
+            return _failed(gen, slot, base, "crashed", f"{type(e).__name__}: {e}")
+        try:
+            validate(child, self.tools)
+        except GraphError as e:
+            return AgentRecord(child.id, child, status="invalid", reason=str(e), **base)
+        return AgentRecord(child.id, child, status="ok", reason=None, **base)
+
+    def _mutation_context(self, parent: Candidate, rng: random.Random, pool: list[Candidate]) -> MutationContext:
+        cfg = self.spec.evolve
+        feedback = [self._feedback(t) for t in self.archive.trajectories(parent.id, "val")]
+        failures = sorted((f for f in feedback if f.reward < 1.0), key=lambda f: f.reward)
+        return MutationContext(
+            llm=self.mutator,
+            rng=rng,
+            task=self.spec.task.description,
+            failures=tuple(failures[: cfg.failures_shown]),
+            successes=tuple(f for f in feedback if f.reward >= 1.0),
+            tools=self.spec.task.tools,
+            max_demos=cfg.max_demos,
+            history=tuple((c.graph, c.score) for c in pool),
+        )
+
+    def _feedback(self, t: Trajectory) -> Feedback:
+        ex = self.by_id.get(t.input_id)
+        return Feedback(
+            input=t.input,
+            output=t.output,
+            expected=ex.answer if ex else "?",
+            reward=t.reward or 0.0,
+            error=t.error,
+            node_io=tuple((s.node, s.messages[-1]["content"], s.text) for s in t.llm_steps),
+        )
+
+    async def _rl_phase(self, pending: _Pending, gen: int, version: int) -> tuple[tuple[str, dict], int]:
+        """Train on the elite's rollouts, bump the weights version, re-score the top agents."""
+        assert self.rl is not None
+        fresh = {e.agent_id: e.score for e in pending.evaluations if e.split == "val" and e.stage == "full"}
+        children = [Candidate(a.id, a.graph, fresh[a.id], a.island, 0, gen)
+                    for a in pending.agents if a.id in fresh and a.graph is not None]
+        pool = sorted(self._pool(version) + children, key=lambda c: (-c.score, c.generation, c.id))
+        elite = [c.graph for c in pool[: self.spec.rl.elite]]
+        self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
+        path, metrics = await self.rl.train(elite, self.splits["train"], gen)
+        version += 1
+        self.policy_version(version)
+        pending.version = version
+        top = pool[: max(self.spec.rl.elite, self.spec.evolve.selection.islands * 2)]
+        self.reporter.stage(f"gen {gen}: re-evaluate {len(top)} under weights v{version}",
+                            len(top) * len(self.splits["val"]))
+        evs = await asyncio.gather(*(self._full(c.graph, self.splits["val"]) for c in top))
+        for c, ev in zip(top, evs, strict=True):
+            self._record(pending, c.id, "val", "full", ev)
+            self.reporter.log(f"gen {gen}: {c.id} val {c.score:.3f} (v{version - 1}) -> {ev.score:.3f} (v{version})")
+        return (path, metrics), version
+
+    async def _finish(self, gen: int, version: int) -> SearchResult:
+        best = self.archive.best("val", version)
+        if best is None:
+            raise EvoagentError("no agent has a full val score")
+        agent, score = best
+        test = self.archive.score(agent.id, "test", version)
+        if test is None and self.splits["test"]:
+            self.reporter.stage(f"test: best agent {agent.id}", len(self.splits["test"]))
+            ev = await self._full(agent.graph, self.splits["test"])
+            pending = _Pending(gen, version)
+            self._record(pending, agent.id, "test", "full", ev)
+            self.archive.commit_generation(pending.write())
+            test = ev.score
+        seeds = [self.archive.score(a.id, "val", 0) for a in self.archive.agents() if a.operator == "seed"]
+        return SearchResult(
+            run_dir=self.archive.run_dir,
+            best_id=agent.id,
+            best_val=score,
+            seed_val=max((s for s in seeds if s is not None), default=0.0),
+            test=test,
+            weights_version=version,
+            generations=gen,
+        )
+
+
+def _failed(gen: int, slot: int, base: dict, status: str, reason: str) -> AgentRecord:
+    """The archive row of a child that never became a runnable graph; its id names the slot."""
+    return AgentRecord(id=f"x{gen:03d}-{slot:03d}", graph=None, status=status, reason=reason, **base)

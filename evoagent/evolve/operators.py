@@ -1,0 +1,138 @@
+"""The mutation-operator extension point: a Protocol, a registry and the decorator users plug in.
+
+An operator maps parent graphs plus a ``MutationContext`` to one child graph::
+
+    @evoagent.mutation("shout", parents=1)
+    def shout(parents, ctx):
+        node = parents[0].node(parents[0].exit)
+        return parents[0].replace_node(node.model_copy(update={"system": "ANSWER LOUDLY"}))
+
+Contract: return a new ``AgentGraph`` (it may be sync or ``async``); never mutate the parents;
+draw randomness only from ``ctx.rng``; raise ``MutationError`` when the operator does not apply
+(the child is archived as invalid with that reason and the run goes on). Any other exception is
+caught at the loop's candidate boundary and archived as ``crashed``. task.yaml names operators
+by built-in name, ``module:function``, or an entry point in the ``evoagent.mutations`` group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Protocol, runtime_checkable
+
+from evoagent.errors import MutationError, SpecError
+from evoagent.graph.model import AgentGraph
+from evoagent.llm.backend import Backend
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """One scored execution of a parent, as the mutator sees it (GEPA's reflective dataset)."""
+
+    input: str
+    output: str
+    expected: str
+    reward: float
+    error: str | None
+    node_io: tuple[tuple[str, str, str], ...] = ()  # (node id, prompt shown, text produced)
+
+
+@dataclass(frozen=True)
+class MutationContext:
+    """Everything an operator may use; no globals.
+
+    Attributes:
+        llm: the mutator backend (may differ from the policy).
+        rng: seeded from (run seed, generation, child index): reruns reproduce.
+        task: the task description from task.yaml.
+        failures: the parent's worst scored executions (at most ``evolve.failures_shown``).
+        successes: the parent's fully successful executions (demo material).
+        tools: names of tools the task allows operators to insert.
+        max_demos: most few-shot demos ``bootstrap_demos`` may give a node.
+        history: (graph, val score) of archived agents under the current weights (param search).
+    """
+
+    llm: Backend
+    rng: random.Random
+    task: str
+    failures: tuple[Feedback, ...] = ()
+    successes: tuple[Feedback, ...] = ()
+    tools: tuple[str, ...] = ()
+    max_demos: int = 3
+    history: tuple[tuple[AgentGraph, float], ...] = field(default=(), repr=False)
+
+
+@runtime_checkable
+class MutationOperator(Protocol):
+    """``(parents, ctx) -> AgentGraph`` (or an awaitable of one)."""
+
+    def __call__(
+        self, parents: Sequence[AgentGraph], ctx: MutationContext
+    ) -> AgentGraph | Awaitable[AgentGraph]: ...
+
+
+@dataclass(frozen=True)
+class Operator:
+    """A registered operator and how many parents it takes."""
+
+    name: str
+    fn: MutationOperator
+    parents: int = 1
+
+    async def apply(self, parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGraph:
+        out = self.fn(parents, ctx)
+        child = await out if inspect.isawaitable(out) else out
+        if not isinstance(child, AgentGraph):
+            raise MutationError(f"operator {self.name!r} returned {type(child).__name__}, not AgentGraph")
+        return child
+
+
+_REGISTRY: dict[str, Operator] = {}
+
+
+def mutation(name: str, *, parents: int = 1) -> Callable[[MutationOperator], MutationOperator]:
+    """Register a mutation operator under ``name`` (the public plug-in decorator)."""
+    if parents < 1:
+        raise ValueError("an operator needs at least one parent")
+
+    def deco(fn: MutationOperator) -> MutationOperator:
+        _REGISTRY[name] = Operator(name, fn, parents)
+        return fn
+
+    return deco
+
+
+def known_operators() -> list[str]:
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def get_operator(name: str) -> Operator:
+    """A built-in or registered name, a ``module:function`` ref, or an entry point."""
+    _load_builtins()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise SpecError(f"evolve.operators: cannot import {name!r}: {e}") from None
+        return _registered_as(fn) or Operator(name, fn)
+    for ep in entry_points(group="evoagent.mutations"):
+        if ep.name == name:
+            fn = ep.load()
+            return _registered_as(fn) or Operator(name, fn)
+    raise SpecError(f"evolve.operators: unknown operator {name!r}; known: {known_operators()}")
+
+
+def _registered_as(fn: object) -> Operator | None:
+    return next((op for op in _REGISTRY.values() if op.fn is fn), None)
+
+
+def _load_builtins() -> None:
+    from evoagent.evolve import param_search, prompt_ops, structure_ops  # noqa: F401

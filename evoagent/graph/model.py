@@ -1,0 +1,141 @@
+"""``AgentGraph``: an agent as typed nodes and edges, with a canonical form and a content id.
+
+Nodes are frozen pydantic models discriminated by ``kind``; the graph is a DAG whose ``entry``
+node receives the input and whose ``exit`` node's output is the answer. Two graphs that differ
+only in their ``name`` (or in key order) serialise to the same canonical JSON and so share the
+same id: the archive never stores one agent twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field
+
+NODE_ID = r"^[a-z][a-z0-9_]{0,39}$"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Demo(_Frozen):
+    """A few-shot example: a user message and the assistant reply to imitate."""
+
+    input: str
+    output: str
+
+
+class LLMNode(_Frozen):
+    """One chat completion. ``template`` uses ``{input}`` and ``{node_id}`` of upstream nodes."""
+
+    kind: Literal["llm"] = "llm"
+    id: str = Field(pattern=NODE_ID)
+    system: str = ""
+    template: str = "{input}"
+    demos: tuple[Demo, ...] = ()
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(64, ge=1, le=4096)
+    samples: int = Field(1, ge=1, le=16, description="completions drawn (a vote node reduces them)")
+
+
+class ToolNode(_Frozen):
+    """Calls a registered tool with the rendered ``template`` as its argument."""
+
+    kind: Literal["tool"] = "tool"
+    id: str = Field(pattern=NODE_ID)
+    tool: str
+    template: str
+
+
+class LoopNode(_Frozen):
+    """A ReAct loop: the model writes ``Action: tool[argument]`` or ``Answer: ...`` each turn."""
+
+    kind: Literal["loop"] = "loop"
+    id: str = Field(pattern=NODE_ID)
+    system: str = ""
+    template: str = "{input}"
+    tools: tuple[str, ...] = ()
+    max_turns: int = Field(4, ge=1, le=32)
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(96, ge=1, le=4096)
+
+
+class VoteNode(_Frozen):
+    """Majority vote over the answers of all upstream outputs (self-consistency)."""
+
+    kind: Literal["vote"] = "vote"
+    id: str = Field(pattern=NODE_ID)
+    extract: str = Field("last_number", description="extractor that turns text into an answer")
+
+
+Node = Annotated[LLMNode | ToolNode | LoopNode | VoteNode, Field(discriminator="kind")]
+
+
+class Edge(_Frozen):
+    """Data flows from ``src`` to ``dst``; with ``p`` the edge is kept with that probability."""
+
+    src: str
+    dst: str
+    p: float | None = Field(None, ge=0, le=1, description="GPTSwarm-style edge probability")
+
+
+class AgentGraph(_Frozen):
+    """An agent program. Build it with ``from_dict``/``load_graph``; validate with ``validate``."""
+
+    name: str = "agent"
+    entry: str
+    exit: str
+    nodes: tuple[Node, ...] = Field(min_length=1)
+    edges: tuple[Edge, ...] = ()
+
+    def node(self, node_id: str) -> LLMNode | ToolNode | LoopNode | VoteNode:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def digraph(self) -> nx.DiGraph:
+        """The structure as a networkx DiGraph (node attribute ``kind``, edge attribute ``p``)."""
+        g = nx.DiGraph()
+        for n in self.nodes:
+            g.add_node(n.id, kind=n.kind)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, p=e.p)
+        return g
+
+    def canonical(self) -> dict:
+        """Order-independent content: nodes by id, edges by (src, dst), defaults included."""
+        data = self.model_dump(mode="json", exclude={"name"})
+        data["nodes"] = sorted(data["nodes"], key=lambda n: n["id"])
+        data["edges"] = sorted(data["edges"], key=lambda e: (e["src"], e["dst"]))
+        return data
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def id(self) -> str:
+        """Content hash of the canonical JSON: equal programs get equal ids."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:12]
+
+    def replace_node(self, node: LLMNode | ToolNode | LoopNode | VoteNode) -> AgentGraph:
+        """A copy with the node of the same id swapped for ``node``."""
+        nodes = tuple(node if n.id == node.id else n for n in self.nodes)
+        return self.model_copy(update={"nodes": nodes})
+
+    def to_yaml_dict(self) -> dict:
+        """What ``graph export`` writes: readable, default-valued fields left out (but ``kind``
+        always kept, since it picks the node type when the file is read back)."""
+        return {
+            "name": self.name,
+            "entry": self.entry,
+            "exit": self.exit,
+            "nodes": [
+                {"kind": n.kind, **n.model_dump(mode="json", exclude_defaults=True)} for n in self.nodes
+            ],
+            "edges": [e.model_dump(mode="json", exclude_defaults=True) for e in self.edges],
+        }

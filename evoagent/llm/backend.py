@@ -1,0 +1,72 @@
+"""The backend extension point: one async ``generate`` over a batch, plus a registry by name.
+
+A backend turns ``GenerationRequest``s into ``Generation``s, in order, one per request. It may
+batch, cache or reorder internally but must return results aligned with the requests. A request
+that cannot be served because the model itself is unusable raises ``BackendError``; a prompt
+that is merely too long is truncated from the left and still answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+
+from evoagent.errors import BackendError
+from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.spec.config import BackendConfig
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Serves completions; ``weights_version`` names the weights the next call will use."""
+
+    weights_version: int
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsTraining(Protocol):
+    """A backend whose policy lives in this process and can be trained in place (weight sync)."""
+
+    def trainable_model(self) -> object: ...
+
+    def set_weights_version(self, version: int) -> None: ...
+
+
+B = TypeVar("B")
+BackendFactory = Callable[[BackendConfig], Backend]
+_REGISTRY: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str) -> Callable[[B], B]:
+    """Register a backend factory (a class or function taking a ``BackendConfig``)."""
+
+    def deco(factory: B) -> B:
+        _REGISTRY[name] = factory  # type: ignore[assignment]
+        return factory
+
+    return deco
+
+
+def known_backends() -> list[str]:
+    """Names of the registered backends, sorted."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def make_backend(cfg: BackendConfig) -> Backend:
+    """Build the backend named by ``cfg.kind``; an unknown kind lists the known ones."""
+    _load_builtins()
+    try:
+        factory = _REGISTRY[cfg.kind]
+    except KeyError:
+        raise BackendError(f"unknown backend {cfg.kind!r}; known: {known_backends()}") from None
+    return factory(cfg)
+
+
+def _load_builtins() -> None:
+    """Import the built-in backends lazily so torch loads only when a model is wanted."""
+    from evoagent.llm import hf, scripted  # noqa: F401

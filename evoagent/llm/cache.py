@@ -1,0 +1,50 @@
+"""Memoise completions by (weights version, request): the same prompt, sampling params and seed
+under the same weights always yields the same tokens, so re-evaluating an unchanged node is free.
+
+The key includes ``weights_version``: after an RL step every entry is stale by construction and
+simply stops matching. The cache is bounded (least recently used entries go first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import replace
+
+from evoagent.llm.types import Generation, GenerationRequest
+
+
+class GenerationCache:
+    """An LRU map from ``(weights_version, request)`` to its ``Generation``."""
+
+    def __init__(self, max_entries: int = 50_000) -> None:
+        self._data: OrderedDict[tuple, Generation] = OrderedDict()
+        self._max = max_entries
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, version: int, request: GenerationRequest) -> Generation | None:
+        """The cached generation marked ``cached=True``, or None."""
+        key = _key(version, request)
+        found = self._data.get(key)
+        if found is None:
+            self.misses += 1
+            return None
+        self._data.move_to_end(key)
+        self.hits += 1
+        return replace(found, cached=True)
+
+    def put(self, version: int, request: GenerationRequest, generation: Generation) -> None:
+        key = _key(version, request)
+        self._data[key] = generation
+        self._data.move_to_end(key)
+        while len(self._data) > self._max:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _key(version: int, r: GenerationRequest) -> tuple:
+    """A hashable key: messages are dicts, so they enter as (role, content) pairs."""
+    msgs = tuple((m["role"], m["content"]) for m in r.messages)
+    return (version, msgs, r.max_tokens, r.temperature, r.seed, r.stop, r.prompt_ids)

@@ -1,0 +1,40 @@
+"""The two value objects every backend speaks: a request for one completion and its result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion wanted for a chat. ``seed`` makes sampling reproducible per request.
+
+    ``prompt_ids``, when given, are used verbatim instead of rendering ``messages`` (the
+    token-in path that multi-turn RL needs); ``messages`` still serves as the cache key.
+    """
+
+    messages: tuple[Message, ...]
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    prompt_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A completion with the exact tokens and their sampling logprobs.
+
+    ``logprobs[i]`` is log p(completion_ids[i]) under the distribution the token was drawn
+    from (the temperature-scaled softmax; greedy requests report temperature 1).
+    """
+
+    text: str
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" | "length"
+    weights_version: int
+    cached: bool = False

@@ -1,0 +1,49 @@
+"""``Registry``: the one name -> implementation table behind every extension point.
+
+Losses, advantages, aggregations, datasets, rewards, extractors and selectors each own one;
+registering is a decorator, a second registration of a name is refused, and an unknown name
+raises the component's error class, naming the spec field (when given) and the known names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from evoagent.errors import EvoagentError
+
+F = TypeVar("F")
+
+
+class Registry(Generic[F]):
+    """Name -> function table whose unknown-name error lists the known names."""
+
+    def __init__(self, kind: str, error: type[EvoagentError], field: str | None = None) -> None:
+        self.kind = kind
+        self.error = error
+        self.field = field
+        self.entries: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        """Decorator: register ``fn`` under ``name``; a name is registered once."""
+
+        def deco(fn: F) -> F:
+            if name in self.entries:
+                raise self.error(f"{self.kind} {name!r} is already registered")
+            self.entries[name] = fn
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> F:
+        try:
+            return self.entries[name]
+        except KeyError:
+            where = f"{self.field}: " if self.field else ""
+            raise self.error(
+                f"{where}unknown {self.kind} {name!r}; known: {self.names()}"
+            ) from None
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self.entries)

@@ -1,0 +1,197 @@
+"""Turn scored trajectories into per-step advantages, and LLM steps into padded token tensors.
+
+One row of a batch is one LLM step: its exact ``prompt_ids + completion_ids``, never
+re-tokenized. Only completion tokens are trained; prompt tokens, which hold earlier turns' tool
+and environment text, are masked by construction.
+
+Alignment: every (B, L) tensor is indexed by the *target* token. ``old_logp[b, t]`` and
+``loss_mask[b, t]`` describe ``input_ids[b, t]``, whose logprob the model predicts from position
+``t - 1``; position 0 is never predicted and always has mask 0 and logp 0.
+``policy.token_logprobs`` returns its (B, L) tensor in the same convention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from evoagent.errors import RLError
+from evoagent.execute.trajectory import LLMStep, Trajectory
+from evoagent.rl.advantages import AdvantageInput, get_advantage, zero_variance_groups
+from evoagent.rl.config import RFT, RLConfig
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Right-padded rows of LLM steps, aligned to the target token (see the module docstring).
+
+    Attributes:
+        input_ids: (B, L) long: prompt + completion ids, then ``pad_id``.
+        attention_mask: (B, L) long: 1 on real tokens, 0 on padding.
+        loss_mask: (B, L) float: 1.0 on completion tokens only.
+        old_logp: (B, L) float: the backend's sampling logprob at completion tokens, 0 elsewhere.
+        advantages: (B,) float: one advantage per row.
+        rows: B.
+    """
+
+    input_ids: Tensor  # (B, L)
+    attention_mask: Tensor  # (B, L)
+    loss_mask: Tensor  # (B, L)
+    old_logp: Tensor  # (B, L)
+    advantages: Tensor  # (B,)
+    rows: int
+
+    @property
+    def tokens(self) -> int:
+        """Number of trained (completion) tokens."""
+        return int(self.loss_mask.sum())
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """The same batch on ``device``."""
+        return TokenBatch(
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            loss_mask=self.loss_mask.to(device),
+            old_logp=self.old_logp.to(device),
+            advantages=self.advantages.to(device),
+            rows=self.rows,
+        )
+
+    def split(self, n: int) -> list[TokenBatch]:
+        """At most ``n`` consecutive row chunks, each trimmed of its all-padding columns."""
+        out = []
+        for idx in torch.arange(self.rows).tensor_split(min(n, self.rows)):
+            am = self.attention_mask[idx]  # (b, L)
+            width = int(am.sum(dim=1).max())
+            out.append(
+                TokenBatch(
+                    input_ids=self.input_ids[idx, :width],
+                    attention_mask=am[:, :width],
+                    loss_mask=self.loss_mask[idx, :width],
+                    old_logp=self.old_logp[idx, :width],
+                    advantages=self.advantages[idx],
+                    rows=len(idx),
+                )
+            )
+        return out
+
+
+def build_batch(steps: Sequence[LLMStep], advantages: Sequence[float], pad_id: int) -> TokenBatch:
+    """Stack ``steps`` into one right-padded TokenBatch; raises RLError on malformed steps."""
+    if len(steps) != len(advantages):
+        raise RLError(f"got {len(steps)} steps but {len(advantages)} advantages")
+    if not steps:
+        raise RLError("cannot build a batch from zero steps")
+    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in steps)
+    b = len(steps)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros(b, width, dtype=torch.long)  # (B, L)
+    loss_mask = torch.zeros(b, width)  # (B, L)
+    old_logp = torch.zeros(b, width)  # (B, L)
+    for row, s in enumerate(steps):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        if len(s.logprobs) != c:
+            raise RLError(
+                f"step at node {s.node!r}: {c} completion ids but {len(s.logprobs)} logprobs"
+            )
+        if p == 0 and c > 0:
+            raise RLError(
+                f"step at node {s.node!r}: an empty prompt cannot predict its first token"
+            )
+        input_ids[row, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+        attention_mask[row, : p + c] = 1
+        loss_mask[row, p : p + c] = 1.0
+        old_logp[row, p : p + c] = torch.tensor(s.logprobs, dtype=old_logp.dtype)
+    return TokenBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        old_logp=old_logp,
+        advantages=torch.tensor(list(advantages), dtype=torch.float32),
+        rows=b,
+    )
+
+
+def episode_advantages(
+    trajectories: Sequence[Trajectory],
+    group_of: Callable[[Trajectory], Hashable],
+    cfg: RLConfig,
+) -> tuple[list[LLMStep], list[float]]:
+    """Flat LLM steps to train and one advantage per step, from scored trajectories.
+
+    ``group_of`` names each episode's group (usually ``(agent_id, input_id)``). The episode reward
+    sits on its last LLM step; anchors become ints for GiGPO. An episode without LLM steps still
+    joins its group's baseline (through a placeholder step with a private anchor) but yields no
+    rows. With ``cfg.dynamic_sampling`` a group is dropped when its returns are all equal and all
+    of its step advantages are 0 (DAPO; for episode-level estimators the second half follows from
+    the first, for GiGPO it keeps groups whose step level still has signal).
+
+    ``cfg.algorithm == "rft"``: per group, the ``rft_top_k`` episodes with the highest reward > 0
+    (earlier first on ties) keep all their steps, each with advantage 1.0; no estimator runs.
+
+    Raises RLError for an unscored trajectory (reward None): scoring precedes training.
+    """
+    for t in trajectories:
+        if t.reward is None:
+            raise RLError(f"trajectory of agent {t.agent_id!r} on {t.input_id!r} is unscored")
+    if cfg.algorithm == RFT:
+        return _rft(trajectories, group_of, cfg.rft_top_k)
+    rewards = [float(t.reward) for t in trajectories if t.reward is not None]  # (E,)
+
+    group_ids: dict[Hashable, int] = {}
+    anchor_ids: dict[str, int] = {}
+    episode_group, step_episode, step_reward, step_anchor = [], [], [], []
+    steps: list[LLMStep | None] = []  # None = placeholder of an episode without LLM steps
+    for e, t in enumerate(trajectories):
+        episode_group.append(group_ids.setdefault(group_of(t), len(group_ids)))
+        llm = t.llm_steps
+        for i, s in enumerate(llm):
+            steps.append(s)
+            step_episode.append(e)
+            step_reward.append(rewards[e] if i == len(llm) - 1 else 0.0)
+            step_anchor.append(anchor_ids.setdefault(s.anchor, len(anchor_ids)))
+        if not llm:
+            steps.append(None)
+            step_episode.append(e)
+            step_reward.append(rewards[e])
+            step_anchor.append(-1 - e)  # unique: never shares an anchor group
+    if not steps:
+        return [], []
+    inp = AdvantageInput(
+        episode_group=torch.tensor(episode_group, dtype=torch.long),
+        step_episode=torch.tensor(step_episode, dtype=torch.long),
+        step_reward=torch.tensor(step_reward, dtype=torch.float64),
+        step_anchor=torch.tensor(step_anchor, dtype=torch.long),
+    )
+    adv = get_advantage(cfg.algorithm)(inp, cfg.advantage_config()).tolist()  # (S,)
+
+    dropped: set[int] = set()
+    if cfg.dynamic_sampling:
+        flat = zero_variance_groups(inp).tolist()  # (E,)
+        signal: set[int] = {episode_group[e] for e, a in zip(step_episode, adv) if a != 0.0}
+        dropped = {g for g, f in zip(episode_group, flat) if f and g not in signal}
+    out_steps, out_adv = [], []
+    for kept, e, a in zip(steps, step_episode, adv):
+        if kept is not None and episode_group[e] not in dropped:
+            out_steps.append(kept)
+            out_adv.append(float(a))
+    return out_steps, out_adv
+
+
+def _rft(
+    trajectories: Sequence[Trajectory], group_of: Callable[[Trajectory], Hashable], k: int
+) -> tuple[list[LLMStep], list[float]]:
+    """All steps of the top-k rewarded (> 0) episodes per group, advantage 1.0 each."""
+    groups: dict[Hashable, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(group_of(t), []).append(t)
+    steps: list[LLMStep] = []
+    for members in groups.values():
+        winners = [(t.reward, i) for i, t in enumerate(members) if t.reward and t.reward > 0]
+        winners.sort(key=lambda w: (-w[0], w[1]))  # best first; ties keep their order
+        for _, i in winners[:k]:
+            steps.extend(members[i].llm_steps)
+    return steps, [1.0] * len(steps)

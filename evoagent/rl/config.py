@@ -1,0 +1,118 @@
+"""Every knob of the RL phase, validated once where the spec is loaded.
+
+``RLConfig`` is the ``rl:`` section of a task file. Names of estimators, losses and aggregations
+are checked against their registries here, so nothing downstream re-checks them; a bad name
+fails with the list of known ones. ``loss_config`` and ``advantage_config`` hand each registry
+its own typed sub-config.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from evoagent.rl.advantages import AdvantageConfig, known_advantages
+from evoagent.rl.losses import LossConfig, known_aggregations, known_policy_losses
+
+RFT = "rft"  # rejection-sampling fine-tuning: not an advantage estimator, see ``algorithm``
+
+
+class RLConfig(BaseModel):
+    """When and how the evolving agents' own trajectories fine-tune the policy model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(False, description="run RL phases at all")
+    every: int = Field(2, ge=1, description="generations between RL phases")
+    algorithm: str = Field(
+        "grpo",
+        description=(
+            "rl.advantages key (grpo | dr_grpo | rloo | gigpo), or 'rft': keep the top-k "
+            "successful samples per group and train them with the sft loss (Yuan et al. 2023)"
+        ),
+    )
+    loss: str = Field("clip", description="rl.losses policy-loss key (clip | reinforce | sft)")
+    loss_agg: str = Field(
+        "token_mean", description="rl.losses aggregation key (DAPO token_mean, Dr. GRPO ...)"
+    )
+    group_size: int = Field(4, ge=2, description="G samples per (agent, input) group")
+    inputs_per_step: int = Field(4, ge=1, description="distinct inputs per optimizer step")
+    steps: int = Field(4, ge=1, description="optimizer steps per RL phase")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO clip below 1 (Schulman 2017)")
+    clip_high: float = Field(0.28, ge=0, description="clip above 1; DAPO clip-higher")
+    kl_beta: float = Field(0.0, ge=0, description="k3 KL weight to the base model; 0 = off")
+    gamma: float = Field(0.95, ge=0, le=1, description="GiGPO step discount (Feng et al. 2025)")
+    omega: float = Field(1.0, description="GiGPO weight of the step-level advantage")
+    gigpo_norm: Literal["mean", "std"] = Field("mean", description="GiGPO F_norm")
+    lora_rank: int = Field(16, ge=1, description="LoRA rank r (Hu et al. 2021)")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
+    full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    max_grad_norm: float = Field(1.0, gt=0, description="global gradient-norm clip")
+    dynamic_sampling: bool = Field(
+        True, description="drop groups whose rewards are all equal (DAPO dynamic sampling)"
+    )
+    rft_top_k: int = Field(1, ge=1, description="rft: successful episodes kept per group")
+    temperature: float = Field(
+        1.0, gt=0, description="sampling temperature; trainer logprobs use the same"
+    )
+    max_completion_tokens: int = Field(
+        128, ge=1, description="completion budget; Dr. GRPO seq_sum_norm normaliser"
+    )
+    tis_cap: float | None = Field(
+        2.0, gt=0, description="truncated importance-sampling cap (Yao et al. 2025); None = off"
+    )
+    elite: int = Field(1, ge=1, description="top agents whose trajectories are trained on")
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, v: str) -> str:
+        known = [*known_advantages(), RFT]
+        if v not in known:
+            raise ValueError(f"unknown algorithm {v!r}; known: {known}")
+        return v
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        if v not in known_policy_losses():
+            raise ValueError(f"unknown loss {v!r}; known: {known_policy_losses()}")
+        return v
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _known_agg(cls, v: str) -> str:
+        if v not in known_aggregations():
+            raise ValueError(f"unknown loss_agg {v!r}; known: {known_aggregations()}")
+        return v
+
+    @model_validator(mode="after")
+    def _reference_exists(self) -> RLConfig:
+        if self.kl_beta > 0 and self.full_finetune:
+            raise ValueError(
+                "kl_beta > 0 needs the base model as reference, which only LoRA keeps "
+                "(disable the adapter); set full_finetune: false or kl_beta: 0"
+            )
+        return self
+
+    @property
+    def policy_loss(self) -> str:
+        """The loss actually trained: ``sft`` under rft, whatever ``loss`` says."""
+        return "sft" if self.algorithm == RFT else self.loss
+
+    def loss_config(self) -> LossConfig:
+        """The rl.losses sub-config."""
+        return LossConfig(
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            kl_beta=self.kl_beta,
+            agg=self.loss_agg,
+            max_completion_tokens=self.max_completion_tokens,
+            tis_cap=self.tis_cap,
+        )
+
+    def advantage_config(self) -> AdvantageConfig:
+        """The rl.advantages sub-config (eps keeps its default)."""
+        return AdvantageConfig(gamma=self.gamma, omega=self.omega, gigpo_norm=self.gigpo_norm)

@@ -1,0 +1,102 @@
+"""The inner loop as the search sees it: roll out the elite agents on train inputs, G samples
+per input, compute group advantages, take ``rl.steps`` optimizer steps, checkpoint.
+
+The policy trains in place: LoRA is attached to the backend's own model, so weight sync to the
+backend is immediate (the loop then bumps ``weights_version``, which retires cached
+completions). Every step re-samples with the current weights (on-policy). Rollout seeds include
+the step index, so no two steps ever share a request and the cache can never serve a stale
+completion inside a phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from evoagent.errors import RLError, SpecError
+from evoagent.execute.evaluate import run_and_score
+from evoagent.execute.executor import ExecContext, request_seed
+from evoagent.graph.model import AgentGraph
+from evoagent.llm.backend import Backend, SupportsTraining
+from evoagent.rl.batch import build_batch, episode_advantages
+from evoagent.rl.config import RLConfig
+from evoagent.rl.policy import attach_lora
+from evoagent.rl.trainer import Trainer
+from evoagent.spec.config import RewardConfig
+from evoagent.tasks.datasets import Example
+
+
+class RLPhase:
+    """Owns the trainer; ``train`` runs one RL phase, ``restore`` reloads a checkpoint."""
+
+    def __init__(
+        self, cfg: RLConfig, backend: Backend, ctx: ExecContext, reward: RewardConfig,
+        run_dir: Path, seed: int, concurrency: int = 64,
+    ) -> None:
+        if not isinstance(backend, SupportsTraining):
+            raise SpecError("rl.enabled: the policy backend cannot be trained in place (use kind: hf)")
+        self.cfg = cfg
+        self.backend = backend
+        self.ctx = ExecContext(ctx.llm, ctx.tool_ctx, ctx.seed, ctx.timeout_s, ctx.tool_timeout_s,
+                               temperature=cfg.temperature, tools=ctx.tools)
+        self.reward = reward
+        self.dir = Path(run_dir) / "checkpoints"
+        self.seed = seed
+        self.concurrency = concurrency
+        self.trainer: Trainer | None = None
+
+    def _trainer(self) -> Trainer:
+        if self.trainer is None:
+            model = attach_lora(self.backend.trainable_model(), self.cfg)
+            pad = getattr(self.backend, "pad_id", 0)
+            self.trainer = Trainer(model, self.cfg, pad_id=pad, seed=self.seed)
+        return self.trainer
+
+    def restore(self, path: str, version: int) -> None:
+        self._trainer().load_checkpoint(Path(path))
+        self.backend.set_weights_version(version)
+
+    async def train(
+        self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int
+    ) -> tuple[str, dict[str, float]]:
+        """Run ``rl.steps`` on-policy steps; return the checkpoint path and mean metrics."""
+        if not train:
+            raise SpecError("rl.enabled: task.splits.train is 0, so there is nothing to train on")
+        trainer = self._trainer()
+        totals: dict[str, float] = {}
+        trained = 0
+        for step in range(self.cfg.steps):
+            rng = random.Random(request_seed(self.seed, "rl", generation, step))
+            inputs = rng.sample(list(train), min(self.cfg.inputs_per_step, len(train)))
+            gate = asyncio.Semaphore(self.concurrency)
+
+            async def one(g: AgentGraph, ex: Example, k: int):
+                async with gate:
+                    sample = 1_000_000 * generation + self.cfg.group_size * step + k
+                    return await run_and_score(g, ex, self.ctx, self.reward, sample)
+
+            trajs = await asyncio.gather(*(
+                one(g, ex, k) for g in elite for ex in inputs for k in range(self.cfg.group_size)
+            ))
+            rewards = [t.reward or 0.0 for t in trajs]
+            totals["reward_mean"] = totals.get("reward_mean", 0.0) + sum(rewards) / len(rewards)
+            steps, advs = episode_advantages(trajs, lambda t: (t.agent_id, t.input_id), self.cfg)
+            if not steps:
+                continue  # every group had equal rewards: no gradient (DAPO dynamic sampling)
+            pad = getattr(self.backend, "pad_id", 0)
+            batch = build_batch(steps, advs, pad)
+            try:
+                metrics = await asyncio.to_thread(trainer.train_step, batch)
+            except RLError as e:
+                raise RLError(f"RL step {step} of generation {generation}: {e}") from e
+            trained += 1
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
+        out = {k: v / max(trained if k != "reward_mean" else self.cfg.steps, 1) for k, v in totals.items()}
+        out["steps_trained"] = float(trained)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"gen{generation:03d}.pt"
+        trainer.save_checkpoint(path)
+        return str(path), out

@@ -1,0 +1,200 @@
+"""One optimizer step of policy-gradient training on a TokenBatch, and exact checkpoints.
+
+Departures from PPO/GRPO as usually written (TRL, verl):
+
+- Single epoch, on-policy: every batch is trained once, right after it was sampled by the weights
+  being trained, so pi_old is the current policy itself: ``old_logp = logp.detach()`` and the
+  ratio is 1 in value (the clip loss reduces to the policy gradient). The rollout logprobs the
+  backend reported enter as ``rollout_logp``, so with ``tis_cap`` the truncated importance weight
+  min(pi_old / pi_rollout, C) corrects the numerical mismatch between the inference backend and
+  the trainer (bf16 vs fp32, batching; Yao et al. 2025).
+- Gradient accumulation is exact for the registered aggregations: each micro-batch's loss is
+  scaled by its share of the full batch's aggregation weights, obtained by differentiating the
+  aggregation itself (it is linear in the per-token loss), so no aggregation is special-cased.
+- The trainer owns its torch RNG stream (dropout): each step runs under ``fork_rng`` from a state
+  seeded by ``seed`` and saved in checkpoints, so training neither reads nor disturbs the
+  process-wide RNG, and a resumed trainer continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+from pathlib import Path
+
+import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from torch import Tensor, nn
+
+from evoagent.errors import RLError
+from evoagent.rl.batch import TokenBatch
+from evoagent.rl.config import RLConfig
+from evoagent.rl.losses import LossConfig, LossInputs, get_aggregation, get_policy_loss
+from evoagent.rl.policy import reference_logprobs, token_logprobs
+
+CHECKPOINT_FORMAT = 1
+
+
+class Trainer:
+    """AdamW on the trainable parameters of a policy from ``policy.attach_lora``.
+
+    Not thread-safe; the model must not be used for generation during ``train_step``.
+    """
+
+    def __init__(self, model: nn.Module, cfg: RLConfig, pad_id: int, seed: int) -> None:
+        if not cfg.full_finetune and not isinstance(model, PeftModel):
+            raise RLError("RLConfig.full_finetune is false but the model has no LoRA adapter")
+        self.model = model
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.step = 0
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        if not self._params:
+            raise RLError("the model has no trainable parameters")
+        self._device = self._params[0].device
+        self.optimizer = torch.optim.AdamW(self._params, lr=cfg.lr)
+        self._loss = get_policy_loss(cfg.policy_loss)
+        self._loss_cfg = cfg.loss_config()
+        self._rng: dict[str, Tensor] = {"cpu": torch.Generator().manual_seed(seed).get_state()}
+        if self._device.type == "cuda":
+            gen = torch.Generator(self._device).manual_seed(seed)
+            self._rng["cuda"] = gen.get_state()
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batch: TokenBatch) -> dict[str, float]:
+        """One optimizer step on ``batch``; returns loss, grad_norm, tokens, rows and loss metrics.
+
+        Raises RLError for a batch without trained tokens or a non-finite gradient (the weights are
+        left untouched then).
+        """
+        batch = batch.to(self._device)
+        tokens = batch.tokens
+        if tokens == 0:
+            raise RLError("batch has no trained tokens")
+        micro = batch.split(self.cfg.grad_accum)
+        scales = self._micro_scales(batch, micro)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        sums: dict[str, float] = {}
+        with torch.random.fork_rng(devices=self._rng_devices()):
+            self._set_rng(self._rng)
+            for mb, scale in zip(micro, scales):
+                out = self._loss(self._inputs(mb), self._loss_cfg)
+                (out.loss * scale).backward()
+                total += float(out.loss.detach()) * scale
+                for k, v in out.metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v * mb.tokens
+            self._rng = self._get_rng()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm))
+        if not math.isfinite(grad_norm) or not math.isfinite(total):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RLError(f"non-finite loss {total} or grad norm {grad_norm}; step skipped")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        metrics = {k: v / tokens for k, v in sums.items()}
+        metrics.update(
+            loss=total, grad_norm=grad_norm, tokens=float(tokens), rows=float(batch.rows)
+        )
+        return metrics
+
+    def _inputs(self, mb: TokenBatch) -> LossInputs:
+        """LossInputs of one micro-batch (see the module docstring for old vs rollout logp)."""
+        t = self.cfg.temperature
+        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, t)  # (b, l)
+        ref = None
+        if self.cfg.kl_beta > 0:
+            ref = reference_logprobs(self.model, mb.input_ids, mb.attention_mask, t)  # (b, l)
+        return LossInputs(
+            logp=logp,
+            old_logp=logp.detach(),
+            advantages=mb.advantages,
+            mask=mb.loss_mask,
+            ref_logp=ref,
+            rollout_logp=mb.old_logp,
+        )
+
+    def _micro_scales(self, batch: TokenBatch, micro: list[TokenBatch]) -> list[float]:
+        """Weight of each micro-batch loss so that their sum is the full batch's loss."""
+        if len(micro) == 1:
+            return [1.0]
+        full = _agg_weights(batch.loss_mask, self._loss_cfg)  # (B, L)
+        scales, row = [], 0
+        for mb in micro:
+            own = float(_agg_weights(mb.loss_mask, self._loss_cfg).sum())
+            share = float(full[row : row + mb.rows].sum())
+            scales.append(share / own if own else 0.0)
+            row += mb.rows
+        return scales
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: Path) -> None:
+        """Write trainable weights, optimizer, step and RNG to ``path`` atomically."""
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "weights": self._weights(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self._rng,
+        }
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore what ``save_checkpoint`` wrote; raises RLError if it does not fit this model."""
+        try:
+            state = torch.load(Path(path), map_location=self._device, weights_only=True)
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+            raise RLError(f"cannot read checkpoint {path}: {e}") from e
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise RLError(f"{path} is not a format-{CHECKPOINT_FORMAT} trainer checkpoint")
+        try:
+            if isinstance(self.model, PeftModel):
+                res = set_peft_model_state_dict(self.model, state["weights"])
+                # peft annotates the result as a bare namedtuple; it is torch's _IncompatibleKeys
+                unexpected: list[str] = res.unexpected_keys  # type: ignore[attr-defined]
+                if unexpected:
+                    raise RLError(f"checkpoint has unknown adapter keys {unexpected[:3]}")
+            else:
+                self.model.load_state_dict(state["weights"], strict=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise RLError(f"checkpoint {path} does not fit this model: {e}") from e
+        self.step = int(state["step"])
+        self._rng = {k: v.cpu() for k, v in state["rng"].items()}
+
+    def _weights(self) -> dict[str, Tensor]:
+        if isinstance(self.model, PeftModel):
+            return get_peft_model_state_dict(self.model)
+        return self.model.state_dict()
+
+    # ------------------------------------------------------------------ rng
+
+    def _rng_devices(self) -> list[int]:
+        return [self._device.index or 0] if self._device.type == "cuda" else []
+
+    def _get_rng(self) -> dict[str, Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        if self._device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self._device)
+        return state
+
+    def _set_rng(self, state: dict[str, Tensor]) -> None:
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], self._device)
+
+
+def _agg_weights(mask: Tensor, cfg: LossConfig) -> Tensor:
+    """(B, L) d aggregation / d per-token loss: the weight each token has in the batch loss."""
+    x = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device, requires_grad=True)
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(get_aggregation(cfg.agg)(x, mask, cfg), x, allow_unused=True)
+    return torch.zeros_like(x) if g is None else g

@@ -1,0 +1,72 @@
+"""``evoagent run``'s one library call: spec → backends → archive → search (→ RL) → result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from evoagent.archive.store import DB_NAME, Archive
+from evoagent.errors import ArchiveError
+from evoagent.evolve.loop import Reporter, Search, SearchResult
+from evoagent.graph.io import dump_graph
+from evoagent.llm.backend import make_backend
+from evoagent.rl.phase import RLPhase
+from evoagent.spec import check_spec, load_spec
+from evoagent.spec.config import RunSpec
+from evoagent.tools import check_sandbox
+
+
+def prepare(task: Path | str, *, output: str | None = None, resume: bool = False) -> RunSpec:
+    """Load and fully check a task.yaml (no model is loaded); refuse to clobber an archive."""
+    spec = load_spec(task)
+    if output is not None:
+        spec = spec.model_copy(update={"output": output})
+    check_spec(spec)
+    db = spec.run_dir / DB_NAME
+    if db.exists() and not resume:
+        raise ArchiveError(
+            f"{spec.run_dir} already holds an archive: pass --resume to continue it, "
+            "or change the spec's name or output"
+        )
+    if resume and not db.exists():
+        raise ArchiveError(f"--resume: no archive at {spec.run_dir} to continue")
+    return spec
+
+
+async def run(spec: RunSpec, reporter: Reporter | None = None) -> SearchResult:
+    """Run (or resume) the search of ``spec``; the best agent is exported beside the archive."""
+    if spec.task.tools and "python" in spec.task.tools:
+        check_sandbox(spec.sandbox)
+    policy = make_backend(spec.policy)
+    mutator = policy if spec.mutator is None or spec.mutator == spec.policy else make_backend(spec.mutator)
+    with Archive(spec.run_dir) as archive:
+        search = Search(spec, policy, mutator, archive, reporter)
+        if spec.rl.enabled:
+            search.rl = RLPhase(spec.rl, policy, search.ctx, spec.task.reward, spec.run_dir,
+                                spec.seed, spec.concurrency)
+        try:
+            result = await search.run()
+        finally:
+            await policy.aclose()
+            if mutator is not policy:
+                await mutator.aclose()
+        best = archive.agent(result.best_id)
+        assert best.graph is not None
+        (spec.run_dir / "best.yaml").write_text(dump_graph(best.graph))
+        (spec.run_dir / "result.json").write_text(json.dumps(_summary(result), indent=2))
+        ckpt = [r for r in archive.checkpoints() if r["weights_version"] == result.weights_version]
+        if ckpt:
+            shutil.copyfile(ckpt[0]["path"], spec.run_dir / "best_adapter.pt")
+    return result
+
+
+def _summary(r: SearchResult) -> dict:
+    return {
+        "best_id": r.best_id,
+        "best_val": r.best_val,
+        "seed_val": r.seed_val,
+        "test": r.test,
+        "weights_version": r.weights_version,
+        "generations": r.generations,
+    }

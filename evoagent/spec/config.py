@@ -1,0 +1,150 @@
+"""The typed, frozen configuration tree of a run; ``evoagent.spec.load`` validates it once.
+
+Every model forbids unknown keys, so a typo fails at load time with the field path. Components
+receive their own sub-config (``BackendConfig``, ``EvolveConfig``, ``RLConfig``), never dicts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from evoagent.rl.config import RLConfig
+from evoagent.tools.sandbox import SandboxConfig
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class BackendConfig(_Frozen):
+    """Which model serves completions and how."""
+
+    kind: str = Field("hf", description="backend registry key: hf | scripted")
+    model: str = Field("embedded", description="'embedded' (SmolLM2-135M-Instruct) or an HF folder")
+    dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="weight dtype; bf16 generates ~2x faster on CPU (facts/stack.md)"
+    )
+    max_batch: int = Field(32, ge=1, description="most requests in one generate call")
+    batch_wait_ms: float = Field(5.0, ge=0, description="how long the batcher gathers requests")
+    max_context: int = Field(2048, ge=64, description="prompt tokens kept (left-truncated)")
+    cache: bool = Field(True, description="memoise completions by (weights version, request)")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; None = all cores")
+    system_prompt: str = Field(
+        "", description="system message added when a node has none (replaces the model default)"
+    )
+
+
+class DatasetConfig(_Frozen):
+    """Where the examples come from; ``kind`` is a key of the dataset registry."""
+
+    kind: str = Field(description="dataset registry key: jsonl | reasoning_gym | python")
+    path: str | None = Field(None, description="jsonl: file relative to the task file")
+    name: str | None = Field(None, description="reasoning_gym: generator name")
+    ref: str | None = Field(None, description="python: 'module:function' returning examples")
+    options: dict[str, Any] = Field(default_factory=dict, description="passed to the generator")
+    size: int = Field(200, ge=1, description="examples to draw from a generator")
+
+
+class SplitsConfig(_Frozen):
+    """How many examples go to each split (seeded shuffle of the dataset)."""
+
+    train: int = Field(64, ge=0)
+    val: int = Field(32, ge=1)
+    test: int = Field(64, ge=0)
+
+
+class RewardConfig(_Frozen):
+    """How an agent's final output is scored against the example's answer."""
+
+    kind: str = Field("numeric", description="reward registry key")
+    extract: str = Field("last_number", description="extractor registry key applied first")
+    ref: str | None = Field(None, description="python reward: 'module:function'")
+    timeout_s: float = Field(10.0, gt=0, description="a reward slower than this scores 0")
+
+
+class TaskConfig(_Frozen):
+    """The problem: data, splits and reward."""
+
+    description: str = Field(description="one paragraph shown to the mutator LLM")
+    dataset: DatasetConfig
+    splits: SplitsConfig = SplitsConfig()
+    reward: RewardConfig = RewardConfig()
+    tools: tuple[str, ...] = Field((), description="tools operators may insert (insert_tool)")
+
+
+class OperatorRef(_Frozen):
+    """One mutation operator and how often it is drawn."""
+
+    name: str = Field(description="built-in name, 'module:function', or an entry point")
+    weight: float = Field(1.0, gt=0)
+
+
+class SelectionConfig(_Frozen):
+    """Parent selection (FunSearch islands or DGM archive sampling)."""
+
+    kind: str = Field("islands", description="selection registry key: islands | dgm")
+    islands: int = Field(2, ge=1, description="independent sub-populations (FunSearch)")
+    temperature: float = Field(0.1, gt=0, description="softmax temperature over scores")
+    migrate_every: int = Field(3, ge=1, description="generations between island migrations")
+
+
+class CascadeConfig(_Frozen):
+    """Cheap minibatch first; the full val split only for children that clear the bar."""
+
+    minibatch: int = Field(8, ge=1, description="val examples in the first stage")
+    threshold: float = Field(
+        0.0, ge=0, description="child passes if minibatch score > threshold (0 = any success)"
+    )
+
+
+class EvolveConfig(_Frozen):
+    """The outer loop's budget and operators."""
+
+    generations: int = Field(4, ge=0)
+    children: int = Field(4, ge=1, description="children per generation")
+    operators: tuple[OperatorRef, ...] = (
+        OperatorRef(name="insert_tool"),
+        OperatorRef(name="bootstrap_demos"),
+        OperatorRef(name="reflective_rewrite"),
+        OperatorRef(name="param_search"),
+    )
+    selection: SelectionConfig = SelectionConfig()
+    cascade: CascadeConfig = CascadeConfig()
+    max_demos: int = Field(3, ge=0, description="few-shot demos bootstrap_demos may add")
+    failures_shown: int = Field(3, ge=0, description="failed trajectories shown to the mutator")
+
+
+class RunSpec(_Frozen):
+    """A whole task.yaml after validation. Paths are absolute (resolved against the file)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="run name; the archive folder")
+    seed: int = 0
+    task: TaskConfig
+    graphs: tuple[str, ...] = Field(min_length=1, description="seed graph YAML files")
+    policy: BackendConfig = BackendConfig()
+    mutator: BackendConfig | None = Field(None, description="defaults to the policy backend")
+    sandbox: SandboxConfig = SandboxConfig()
+    evolve: EvolveConfig = EvolveConfig()
+    rl: RLConfig = RLConfig()
+    output: str = Field("populations", description="folder holding run archives (cwd-relative)")
+    concurrency: int = Field(64, ge=1, description="executions in flight at once")
+    base_dir: str = Field(".", description="folder of the task file (set by the loader)")
+
+    @field_validator("graphs")
+    @classmethod
+    def _unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError("seed graphs are listed twice")
+        return v
+
+    def resolve(self, path: str) -> Path:
+        """A path from the spec, relative to the task file's folder."""
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output) / self.name

@@ -1,0 +1,16 @@
+"""Tasks: datasets and splits, answer extractors, rewards."""
+
+from evoagent.tasks.datasets import Example, known_datasets, load_examples, split
+from evoagent.tasks.extract import get_extractor, known_extractors
+from evoagent.tasks.rewards import known_rewards, score
+
+__all__ = [
+    "Example",
+    "get_extractor",
+    "known_datasets",
+    "known_extractors",
+    "known_rewards",
+    "load_examples",
+    "score",
+    "split",
+]

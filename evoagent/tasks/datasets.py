@@ -1,0 +1,130 @@
+"""Where examples come from: a registry of dataset kinds, and the seeded train/val/test split.
+
+Every kind returns a list of ``Example``s. ``reasoning_gym`` draws from one of reasoning-gym's
+seeded generators (the examples carry the generator's own entry so its scorer can judge them);
+``python`` calls the user's ``module:function(seed, size, **options)``; ``jsonl`` reads a file of
+``{"input" | "question", "answer", "id"?}`` lines. Splits are a seeded shuffle cut into disjoint
+parts, so the same seed always yields the same val set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evoagent.errors import SpecError
+from evoagent.registry import Registry
+from evoagent.spec.config import DatasetConfig, SplitsConfig
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task instance: the agent sees ``input``; the reward compares against ``answer``."""
+
+    id: str
+    input: str
+    answer: str
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+DatasetFn = Callable[[DatasetConfig, int, Path], list[Example]]
+_REGISTRY: Registry[DatasetFn] = Registry("dataset", SpecError, field="task.dataset.kind")
+dataset = _REGISTRY.register  # ``@dataset("name")``: register ``fn(cfg, seed, base_dir) -> examples``
+known_datasets = _REGISTRY.names
+
+
+def load_examples(cfg: DatasetConfig, seed: int, base_dir: Path) -> list[Example]:
+    """All examples of the dataset named by ``cfg.kind``."""
+    examples = _REGISTRY.get(cfg.kind)(cfg, seed, base_dir)
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        raise SpecError("task.dataset: example ids are not unique")
+    return examples
+
+
+def split(examples: list[Example], cfg: SplitsConfig, seed: int) -> dict[str, list[Example]]:
+    """Disjoint train/val/test parts of a seeded shuffle."""
+    need = cfg.train + cfg.val + cfg.test
+    if need > len(examples):
+        raise SpecError(
+            f"task.splits: train+val+test = {need} but the dataset has {len(examples)} examples"
+        )
+    order = list(examples)
+    random.Random(seed).shuffle(order)
+    return {
+        "val": order[: cfg.val],
+        "test": order[cfg.val : cfg.val + cfg.test],
+        "train": order[cfg.val + cfg.test : need],
+    }
+
+
+def import_ref(ref: str, field_path: str) -> Any:
+    """Resolve ``'module:attr'``; errors name the spec field that held the ref."""
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise SpecError(f"{field_path}: {ref!r} is not of the form 'module:function'")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise SpecError(f"{field_path}: cannot import {ref!r}: {e}") from None
+
+
+def _coerce(rows: Iterable[Mapping[str, Any]], where: str) -> list[Example]:
+    out = []
+    for i, row in enumerate(rows):
+        text = row.get("input", row.get("question"))
+        if text is None or "answer" not in row:
+            raise SpecError(f"{where}: example {i} needs 'input' (or 'question') and 'answer'")
+        meta = {k: v for k, v in row.items() if k not in ("input", "question", "answer", "id")}
+        out.append(Example(str(row.get("id", i)), str(text), str(row["answer"]), meta))
+    return out
+
+
+@dataset("jsonl")
+def _jsonl(cfg: DatasetConfig, seed: int, base_dir: Path) -> list[Example]:
+    if cfg.path is None:
+        raise SpecError("task.dataset.path: required for kind jsonl")
+    path = Path(cfg.path) if Path(cfg.path).is_absolute() else base_dir / cfg.path
+    if not path.is_file():
+        raise SpecError(f"task.dataset.path: {path} does not exist")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SpecError(f"task.dataset.path: {path}:{n}: invalid JSON: {e.msg}") from None
+    return _coerce(rows, f"task.dataset.path {path}")
+
+
+@dataset("python")
+def _python(cfg: DatasetConfig, seed: int, base_dir: Path) -> list[Example]:
+    if cfg.ref is None:
+        raise SpecError("task.dataset.ref: required for kind python ('module:function')")
+    fn = import_ref(cfg.ref, "task.dataset.ref")
+    return _coerce(list(fn(seed=seed, size=cfg.size, **cfg.options)), f"task.dataset.ref {cfg.ref}")
+
+
+@dataset("reasoning_gym")
+def _reasoning_gym(cfg: DatasetConfig, seed: int, base_dir: Path) -> list[Example]:
+    import reasoning_gym as rg
+    from reasoning_gym.factory import DATASETS
+
+    if cfg.name not in DATASETS:
+        raise SpecError(
+            f"task.dataset.name: unknown reasoning-gym generator {cfg.name!r} "
+            f"(e.g. {sorted(DATASETS)[:8]}...)"
+        )
+    try:
+        data = rg.create_dataset(cfg.name, seed=seed, size=cfg.size, **cfg.options)
+    except (TypeError, ValueError, AssertionError) as e:
+        raise SpecError(f"task.dataset.options: {cfg.name} rejected them: {e}") from None
+    return [
+        Example(f"{cfg.name}-{i}", e["question"], str(e["answer"]), {"entry": e, "rg": cfg.name})
+        for i, e in enumerate(data)
+    ]
