@@ -148,7 +148,7 @@ class Archive:
                     "INSERT OR IGNORE INTO agents VALUES (?,?,?,?,?,?,?,?,?)",
                     (
                         a.id,
-                        a.graph.canonical_json() if a.graph else "null",
+                        a.graph.model_dump_json() if a.graph else "null",
                         json.dumps(list(a.parents)),
                         a.operator,
                         a.generation,

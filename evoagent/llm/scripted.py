@@ -1,5 +1,6 @@
 """A real backend whose completions come from a Python function: tests and dry runs stay offline
-and deterministic (the httpx ``MockTransport`` idea).
+and deterministic (the httpx ``MockTransport`` idea). The handler runs in a worker thread, as a
+real model call would, so timeouts around it behave as they do in production.
 
 ``handler(request) -> str`` decides the reply; tokens are the UTF-8 bytes of the rendered chat
 and of the reply, and every logprob is 0.0 (the reply is certain). Used through the registry as
@@ -8,6 +9,7 @@ and of the reply, and every logprob is 0.0 (the reply is certain). Used through 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 from evoagent.llm.backend import register_backend
@@ -40,7 +42,7 @@ class ScriptedBackend:
         out = []
         for r in requests:
             self.requests.append(r)
-            text = self.handler(r)[: max(r.max_tokens * 4, 1)]
+            text = (await asyncio.to_thread(self.handler, r))[: max(r.max_tokens * 4, 1)]
             prompt = r.prompt_ids or byte_ids("".join(m["content"] for m in r.messages))
             ids = byte_ids(text)
             out.append(

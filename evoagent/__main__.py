@@ -1,0 +1,5 @@
+"""``python -m evoagent`` is the ``evoagent`` command."""
+
+from evoagent.cli import app
+
+app()

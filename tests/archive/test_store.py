@@ -1,0 +1,78 @@
+"""The archive: whole generations or nothing, one writer, lineage back to the seeds."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from evoagent.archive import AgentRecord, Archive, EvalRecord, GenerationWrite
+from evoagent.errors import ArchiveError
+from evoagent.execute.trajectory import Trajectory
+from evoagent.graph import load_graph
+
+ROOT = Path(__file__).resolve().parents[2]
+G = load_graph(ROOT / "graphs" / "direct.yaml")
+G2 = G.replace_node(G.node("answer").model_copy(update={"system": "Be exact."}))
+
+
+def rec(g, parents=(), gen=0, op="seed"):
+    return AgentRecord(g.id, g, tuple(parents), op, gen, 0, "ok", None)
+
+
+def ev(agent_id, score, gen=0, version=0, split="val"):
+    return EvalRecord(agent_id, split, "full", version, score, 4, 10, 0.1, gen)
+
+
+def test_generation_commit_and_queries(tmp_path):
+    with Archive(tmp_path / "run") as a:
+        t = Trajectory(agent_id=G.id, input_id="e1", input="q", output="a", reward=1.0)
+        a.commit_generation(GenerationWrite(0, 0, [rec(G)], [ev(G.id, 0.25)], [("val", t, 0)]))
+        a.commit_generation(GenerationWrite(1, 0, [rec(G2, [G.id], 1, "reflective_rewrite")],
+                                            [ev(G2.id, 0.5, 1)], []))
+        assert a.last_generation() == (1, 0)
+        assert a.best("val", 0)[0].id == G2.id
+        assert [r.id for r in a.lineage(G2.id[:6])] == [G2.id, G.id]
+        assert next(a.trajectories(G.id)).output == "a"
+        assert a.agent(G2.id).graph == G2
+    # a reader sees the same while nothing writes
+    with Archive(tmp_path / "run", write=False) as r:
+        assert r.score(G2.id, "val", 0) == 0.5
+
+
+def test_a_failed_commit_leaves_nothing(tmp_path):
+    with Archive(tmp_path / "run") as a:
+        a.commit_generation(GenerationWrite(0, 0, [rec(G)], [ev(G.id, 0.25)], []))
+        broken = GenerationWrite(1, 0, [rec(G2, [G.id], 1)], [ev(G2.id, 0.5, 1)], [("val", None, 0)])
+        with pytest.raises(AttributeError):
+            a.commit_generation(broken)  # type: ignore[arg-type]
+        assert a.last_generation() == (0, 0)
+        assert G2.id not in a.known_ids()
+
+
+def test_a_second_writer_is_refused(tmp_path):
+    with Archive(tmp_path / "run"):
+        with pytest.raises(ArchiveError, match="another evoagent process is writing"):
+            Archive(tmp_path / "run")
+
+
+def test_schema_version_is_checked(tmp_path):
+    Archive(tmp_path / "run").close()
+    db = sqlite3.connect(tmp_path / "run" / "archive.sqlite")
+    db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(ArchiveError, match="schema v99"):
+        Archive(tmp_path / "run")
+
+
+def test_unknown_or_ambiguous_ids(tmp_path):
+    with Archive(tmp_path / "run") as a:
+        a.commit_generation(GenerationWrite(0, 0, [rec(G), rec(G2)], [], []))
+        with pytest.raises(ArchiveError, match="no agent with id 'zzz'"):
+            a.agent("zzz")
+        with pytest.raises(ArchiveError, match="2 agents"):
+            a.agent("")
+    with pytest.raises(ArchiveError, match="no archive"):
+        Archive(tmp_path / "elsewhere", write=False)

@@ -1,0 +1,103 @@
+"""The search loop on a scripted policy: children that use the calculator win, invalid and
+crashed children are archived with reasons, and an interrupted run resumes to the same end."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+import evoagent
+from evoagent.archive import Archive
+from evoagent.evolve.loop import NullReporter, Search
+from evoagent.llm.scripted import ScriptedBackend
+from evoagent.spec import check_spec, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@evoagent.mutation("test_crash")
+def crash(parents, ctx):
+    raise ZeroDivisionError("operator bug")
+
+
+SPEC = f"""
+name: loop
+seed: 3
+task:
+  description: arithmetic
+  dataset: {{kind: reasoning_gym, name: basic_arithmetic, size: 40,
+            options: {{min_terms: 2, max_terms: 2, min_digits: 2, max_digits: 2}}}}
+  splits: {{train: 4, val: 6, test: 6}}
+  tools: [calculator]
+graphs: [{ROOT}/graphs/direct.yaml, {ROOT}/graphs/cot.yaml]
+policy: {{kind: scripted}}
+evolve:
+  generations: 3
+  children: 3
+  operators: [{{name: insert_tool, weight: 3}}, {{name: bootstrap_demos}}, {{name: test_crash, weight: 2}},
+              {{name: param_search}}, {{name: add_node}}]
+  cascade: {{minibatch: 2}}
+"""
+
+
+def calculator_reader(request) -> str:
+    """A 'model' that is right exactly when a calculator result is in its prompt."""
+    m = re.search(r"calculator result: (-?[\d.]+)", request.messages[-1]["content"])
+    return f"The answer is {m.group(1)}" if m else "I think 7"
+
+
+def run_search(tmp_path: Path, reporter=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "task.yaml").write_text(SPEC)
+    spec = load_spec(tmp_path / "task.yaml").model_copy(update={"output": str(tmp_path / "pop")})
+    check_spec(spec)
+    policy = ScriptedBackend(handler=calculator_reader)
+    with Archive(spec.run_dir) as archive:
+        result = asyncio.run(Search(spec, policy, policy, archive, reporter).run())
+    return spec, result
+
+
+def snapshot(run_dir: Path):
+    with Archive(run_dir, write=False) as a:
+        agents = {(r.id, r.operator, r.parents, r.generation, r.status) for r in a.agents()}
+        evals = sorted((e.agent_id, e.split, e.stage, e.score, e.n) for e in a.evaluations())
+        return agents, evals
+
+
+def test_search_finds_the_calculator_and_archives_failures(tmp_path):
+    spec, result = run_search(tmp_path)
+    assert result.seed_val == 0.0 and result.best_val == 1.0 and result.test == 1.0
+    with Archive(spec.run_dir, write=False) as a:
+        best = a.agent(result.best_id)
+        assert best.operator == "insert_tool" and best.parents
+        statuses = {r.status for r in a.agents()}
+        crashed = [r for r in a.agents() if r.status == "crashed"]
+        assert "crashed" in statuses and "ZeroDivisionError: operator bug" in crashed[0].reason
+        invalid = [r for r in a.agents() if r.status == "invalid"]
+        assert all(r.reason for r in invalid)
+        assert [g["generation"] for g in a.generations()] == [0, 1, 2, 3]
+
+
+class InterruptAt(NullReporter):
+    """Ctrl-C in the middle of a generation (when its first child is logged)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def log(self, message: str) -> None:
+        if message.startswith(self.prefix):
+            raise KeyboardInterrupt
+
+
+def test_interrupt_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
+    _, ref = run_search(tmp_path / "ref")
+    with pytest.raises(KeyboardInterrupt):
+        run_search(tmp_path / "cut", InterruptAt("gen 2:"))
+    with Archive(tmp_path / "cut" / "pop" / "loop", write=False) as a:
+        assert a.last_generation() == (1, 0)  # generation 2 never half-landed
+    _, resumed = run_search(tmp_path / "cut")
+    assert resumed.best_id == ref.best_id and resumed.test == ref.test
+    assert snapshot(tmp_path / "cut" / "pop" / "loop") == snapshot(tmp_path / "ref" / "pop" / "loop")

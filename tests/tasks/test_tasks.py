@@ -1,0 +1,87 @@
+"""Datasets, splits and rewards: deterministic data; a broken reward is a 0 with a reason."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from evoagent.errors import SpecError
+from evoagent.spec.config import DatasetConfig, RewardConfig, SplitsConfig
+from evoagent.tasks import Example, get_extractor, load_examples, score, split
+
+
+def rg_examples(size: int = 30, seed: int = 0) -> list[Example]:
+    cfg = DatasetConfig(kind="reasoning_gym", name="basic_arithmetic", size=size,
+                        options={"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2})
+    return load_examples(cfg, seed, Path("."))
+
+
+def test_reasoning_gym_data_is_seeded_and_self_scoring():
+    a, b = rg_examples(), rg_examples()
+    assert [e.input for e in a] == [e.input for e in b]
+    assert [e.input for e in rg_examples(seed=1)] != [e.input for e in a]
+    ex = a[0]
+    assert asyncio.run(score(ex.answer, ex, RewardConfig(kind="reasoning_gym", extract="raw"))) == (1.0, None)
+
+
+def test_splits_are_disjoint_and_reproducible():
+    ex = rg_examples(30)
+    cfg = SplitsConfig(train=10, val=8, test=6)
+    s1, s2 = split(ex, cfg, 0), split(ex, cfg, 0)
+    assert {k: [e.id for e in v] for k, v in s1.items()} == {k: [e.id for e in v] for k, v in s2.items()}
+    ids = [e.id for part in s1.values() for e in part]
+    assert len(ids) == len(set(ids)) == 24
+    with pytest.raises(SpecError, match=r"task\.splits: train\+val\+test = 100"):
+        split(ex, SplitsConfig(train=50, val=25, test=25), 0)
+
+
+def test_jsonl_dataset_errors_name_the_line(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"input": "1+1", "answer": "2"}\n{broken\n')
+    with pytest.raises(SpecError, match=r"d\.jsonl:2: invalid JSON"):
+        load_examples(DatasetConfig(kind="jsonl", path="d.jsonl"), 0, tmp_path)
+    p.write_text('{"question": "1+1", "answer": 2, "id": "q1"}\n')
+    (ex,) = load_examples(DatasetConfig(kind="jsonl", path="d.jsonl"), 0, tmp_path)
+    assert (ex.id, ex.input, ex.answer) == ("q1", "1+1", "2")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("The answer is 1,234.", "1234"), ("so 7.50 total", "7.5"), ("-12 then 3", "3"), ("none", "")],
+)
+def test_last_number(text, expected):
+    assert get_extractor("last_number")(text) == expected
+
+
+def test_numeric_reward_reads_the_final_number():
+    ex = Example("1", "Calculate 95 - 21.", "74")
+    cfg = RewardConfig()
+    assert asyncio.run(score("95 - 21 = 74", ex, cfg)) == (1.0, None)
+    assert asyncio.run(score("Answer: 75", ex, cfg)) == (0.0, None)
+
+
+def bad_reward(answer, example):
+    raise ValueError("boom")
+
+
+def slow_reward(answer, example):
+    time.sleep(1.0)
+    return 1.0
+
+
+def nan_reward(answer, example):
+    return float("nan")
+
+
+@pytest.mark.parametrize(
+    ("ref", "reason"),
+    [("bad_reward", "reward raised ValueError: boom"), ("slow_reward", "timed out"),
+     ("nan_reward", "returned nan")],
+)
+def test_a_failing_reward_scores_zero_with_the_reason(ref, reason):
+    cfg = RewardConfig(kind="python", ref=f"{__name__}:{ref}", timeout_s=0.3)
+    value, err = asyncio.run(score("1", Example("1", "q", "1"), cfg))
+    assert value == 0.0 and reason in err
