@@ -69,3 +69,17 @@ def tiny_backend(tiny_tokenizer) -> Callable[..., object]:
         return HFBackend(BackendConfig(**cfg), model=model, tokenizer=tiny_tokenizer)
 
     return make
+
+
+@pytest.fixture
+def snapshot() -> Callable[..., object]:
+    """``snapshot(run_dir)`` -> the archive's agents and evaluations, comparable across runs."""
+    from evoagent.archive import Archive
+
+    def take(run_dir):
+        with Archive(run_dir, write=False) as a:
+            agents = sorted((r.id, r.operator, r.parents, r.generation, r.status) for r in a.agents())
+            evals = sorted((e.agent_id, e.split, e.stage, e.score, e.n) for e in a.evaluations())
+            return agents, evals
+
+    return take

@@ -15,6 +15,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from evoagent.errors import RLError, SpecError
 from evoagent.execute.evaluate import run_and_score
 from evoagent.execute.executor import ExecContext, request_seed
@@ -49,7 +51,11 @@ class RLPhase:
 
     def _trainer(self) -> Trainer:
         if self.trainer is None:
-            model = attach_lora(self.backend.trainable_model(), self.cfg)
+            # LoRA's A matrices are drawn from torch's global RNG: seed it from the run seed so a
+            # resumed run initialises the adapter exactly as the uninterrupted run did.
+            with torch.random.fork_rng():
+                torch.manual_seed(request_seed(self.seed, "lora") % 2**31)
+                model = attach_lora(self.backend.trainable_model(), self.cfg)
             pad = getattr(self.backend, "pad_id", 0)
             self.trainer = Trainer(model, self.cfg, pad_id=pad, seed=self.seed)
         return self.trainer

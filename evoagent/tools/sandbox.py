@@ -157,11 +157,18 @@ def _write_files(scratch: Path, code: str, files: Mapping[str, str]) -> None:
         target.write_text(text, encoding="utf-8")
 
 
+def _interpreter_under_tmp() -> list[str]:
+    """Folders of this Python (a venv, its base) that the private /tmp would hide; kept read-only."""
+    tmp = Path("/tmp")
+    roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent}
+    return sorted(str(r) for r in roots if r.is_relative_to(tmp) and r != tmp)
+
+
 def _bwrap_args(scratch: Path, cfg: SandboxConfig) -> list[str]:
     # Order matters: the tmpfs /tmp must exist before the scratch (usually under /tmp) is
     # bound onto it; a bind target must lie in a writable mount, not the read-only root.
     args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for p in cfg.read_paths:
+    for p in (*_interpreter_under_tmp(), *cfg.read_paths):
         args += ["--ro-bind", p, p]
     args += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     args += ["--unshare-all", "--die-with-parent", "--new-session"]

@@ -60,13 +60,6 @@ def run_search(tmp_path: Path, reporter=None):
     return spec, result
 
 
-def snapshot(run_dir: Path):
-    with Archive(run_dir, write=False) as a:
-        agents = {(r.id, r.operator, r.parents, r.generation, r.status) for r in a.agents()}
-        evals = sorted((e.agent_id, e.split, e.stage, e.score, e.n) for e in a.evaluations())
-        return agents, evals
-
-
 def test_search_finds_the_calculator_and_archives_failures(tmp_path):
     spec, result = run_search(tmp_path)
     assert result.seed_val == 0.0 and result.best_val == 1.0 and result.test == 1.0
@@ -92,7 +85,7 @@ class InterruptAt(NullReporter):
             raise KeyboardInterrupt
 
 
-def test_interrupt_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
+def test_interrupt_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, snapshot):
     _, ref = run_search(tmp_path / "ref")
     with pytest.raises(KeyboardInterrupt):
         run_search(tmp_path / "cut", InterruptAt("gen 2:"))

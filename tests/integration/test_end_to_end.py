@@ -116,14 +116,7 @@ def evoagent(tmp_path: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def snapshot(run_dir: Path):
-    with Archive(run_dir, write=False) as a:
-        agents = sorted((r.id, r.operator, r.parents, r.generation, r.status) for r in a.agents())
-        evals = sorted((e.agent_id, e.split, e.stage, e.score, e.n) for e in a.evaluations())
-        return agents, evals
-
-
-def test_sigkill_then_resume_loses_nothing(tmp_path):
+def test_sigkill_then_resume_loses_nothing(tmp_path, snapshot):
     (tmp_path / "slow_reward.py").write_text(SLOW_REWARD)
     (tmp_path / "task.yaml").write_text(SCRIPTED)
     ref = evoagent(tmp_path, "task.yaml", "--output", "ref")
