@@ -106,13 +106,19 @@ class Archive:
             raise ArchiveError(f"no archive at {path}")
         self.db = sqlite3.connect(path, timeout=30, isolation_level=None)
         self.db.row_factory = sqlite3.Row
-        if write:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.executescript(_SCHEMA)
-            self._check_version()
+        try:
+            if write:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.executescript(_SCHEMA)
+            self._check_version(write)
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise ArchiveError(f"{path}: not a readable evoagent archive ({e})") from None
 
-    def _check_version(self) -> None:
+    def _check_version(self, write: bool) -> None:
         row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None and not write:
+            raise ArchiveError(f"{self.run_dir}: the archive has no schema version")
         if row is None:
             self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         elif int(row["value"]) != SCHEMA_VERSION:

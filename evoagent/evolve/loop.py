@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Protocol
 
 from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
-from evoagent.errors import EvoagentError, GraphError, MutationError
+from evoagent.errors import BackendError, EvoagentError, GraphError, MutationError, SandboxError
 from evoagent.evolve.cascade import cascade
 from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
 from evoagent.evolve.selection import Candidate, get_selector
 from evoagent.execute.evaluate import Evaluation, evaluate
 from evoagent.execute.executor import ExecContext, request_seed
 from evoagent.execute.trajectory import Trajectory
-from evoagent.graph import AgentGraph, load_graph, validate
+from evoagent.graph import AgentGraph, graph_from_dict, load_graph, validate
 from evoagent.llm.backend import Backend
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, load_examples, split
@@ -237,13 +237,14 @@ class Search:
         ctx = self._mutation_context(parents[0], rng, [c for c in pool])
         try:
             child = await op.apply([p.graph for p in parents], ctx)
-        except MutationError as e:
+        except (MutationError, GraphError) as e:
             return _failed(gen, slot, base, "invalid", str(e))
-        except EvoagentError:
+        except (BackendError, SandboxError):
             raise
         except Exception as e:  # a user's operator is a candidate boundary: archive, go on
             return _failed(gen, slot, base, "crashed", f"{type(e).__name__}: {e}")
         try:
+            child = graph_from_dict(child.model_dump(mode="json"), f"{op.name} child")
             validate(child, self.tools)
         except GraphError as e:
             return AgentRecord(child.id, child, status="invalid", reason=str(e), **base)

@@ -120,8 +120,8 @@ def get_operator(name: str) -> Operator:
         module, _, attr = name.partition(":")
         try:
             fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise SpecError(f"evolve.operators: cannot import {name!r}: {e}") from None
+        except Exception as e:  # user code: a SyntaxError or NameError is a spec problem too
+            raise SpecError(f"evolve.operators: cannot import {name!r}: {type(e).__name__}: {e}") from None
         return _registered_as(fn) or Operator(name, fn)
     for ep in entry_points(group="evoagent.mutations"):
         if ep.name == name:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from evoagent.errors import BackendError
+from evoagent.errors import BackendError, SandboxError
 from evoagent.execute.trajectory import LLMStep, ToolStep, Trajectory, anchor_key
 from evoagent.graph.model import AgentGraph, LLMNode, LoopNode, ToolNode, VoteNode
 from evoagent.llm.backend import Backend
@@ -89,7 +89,7 @@ async def execute(
     start = time.perf_counter()
     try:
         await asyncio.wait_for(_run(graph, example, ctx, sample, traj), ctx.timeout_s)
-    except BackendError:
+    except (BackendError, SandboxError):
         raise
     except TimeoutError:
         traj.error = f"execution timed out after {ctx.timeout_s}s"
@@ -108,9 +108,9 @@ async def _run(
     outputs: dict[str, list[str]] = {}
     for node_id in nx.lexicographical_topological_sort(g):
         node = graph.node(node_id)
-        upstream = {
-            src: (outputs[src][0] if (src, node_id) in live else "") for src in g.predecessors(node_id)
-        }
+        # A template may name any ancestor (graph.validate); a dropped direct edge blanks its source.
+        upstream = {src: outputs[src][0] for src in nx.ancestors(g, node_id)}
+        upstream |= {src: "" for src in g.predecessors(node_id) if (src, node_id) not in live}
         seed = (ctx.seed, graph.id, example.id, node_id, sample)
         if isinstance(node, VoteNode):
             texts = [t for src in g.predecessors(node_id) if (src, node_id) in live for t in outputs[src]]

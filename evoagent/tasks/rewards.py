@@ -28,8 +28,9 @@ get_reward = _REGISTRY.get
 async def score(output: str, example: Example, cfg: RewardConfig) -> tuple[float, str | None]:
     """(reward, error): the reward of ``output``; 0.0 and the reason if the reward failed."""
     fn = get_reward(cfg.kind)
-    answer = get_extractor(cfg.extract)(output)
+    extract = get_extractor(cfg.extract)
     try:
+        answer = extract(output)
         value = await asyncio.wait_for(asyncio.to_thread(fn, answer, example, cfg), cfg.timeout_s)
     except TimeoutError:
         return 0.0, f"reward timed out after {cfg.timeout_s}s"

@@ -76,3 +76,16 @@ def test_unknown_or_ambiguous_ids(tmp_path):
             a.agent("")
     with pytest.raises(ArchiveError, match="no archive"):
         Archive(tmp_path / "elsewhere", write=False)
+
+
+def test_read_commands_give_one_line_errors_on_a_corrupt_archive(tmp_path):
+    from typer.testing import CliRunner
+
+    from evoagent.cli import app
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "archive.sqlite").write_bytes(b"this is not sqlite" * 100)
+    res = CliRunner().invoke(app, ["archive", "list", str(run)])
+    assert res.exit_code == 2 and "not a readable evoagent archive" in res.output
+    assert "Traceback" not in res.output

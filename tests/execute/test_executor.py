@@ -156,3 +156,14 @@ def test_evaluate_scores_and_keeps_trajectories():
     ev = asyncio.run(evaluate(g, exs, ctx(lambda r: "2" if "1 + 1" in last_user(r) else "0"), RewardConfig()))
     assert ev.n == 6 and ev.score == pytest.approx(1 / 6)
     assert len(ev.successes) == 1 and len(ev.failures) == 5
+
+
+def test_a_template_may_name_any_ancestor():
+    g = graph(
+        [{"kind": "llm", "id": "a"}, {"kind": "llm", "id": "b", "template": "{a}!"},
+         {"kind": "llm", "id": "c", "template": "{a} then {b}"}],
+        [{"src": "a", "dst": "b"}, {"src": "b", "dst": "c"}],
+    )
+    seen = []
+    t = asyncio.run(execute(g, EX, ctx(lambda r: seen.append(last_user(r)) or "x")))
+    assert t.error is None and seen[-1] == "x then x"
