@@ -57,7 +57,7 @@ async def run(spec: RunSpec, reporter: Reporter | None = None) -> SearchResult:
         (spec.run_dir / "result.json").write_text(json.dumps(_summary(result), indent=2))
         ckpt = [r for r in archive.checkpoints() if r["weights_version"] == result.weights_version]
         if ckpt:
-            shutil.copyfile(ckpt[0]["path"], spec.run_dir / "best_adapter.pt")
+            shutil.copyfile(spec.run_dir / ckpt[0]["path"], spec.run_dir / "best_adapter.pt")
     return result
 
 

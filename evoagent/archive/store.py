@@ -243,9 +243,16 @@ class Archive:
         ranked = self.scored(split, version)
         return ranked[0] if ranked else None
 
-    def trajectories(self, agent_id: str, split: str | None = None) -> Iterator[Trajectory]:
-        q = "SELECT json FROM trajectories WHERE agent_id=?" + (" AND split=?" if split else "")
-        for r in self.db.execute(q, (agent_id, split) if split else (agent_id,)):
+    def trajectories(
+        self, agent_id: str, split: str | None = None, version: int | None = None
+    ) -> Iterator[Trajectory]:
+        """The agent's archived trajectories in write order, optionally of one split / version."""
+        q, args = "SELECT json FROM trajectories WHERE agent_id=?", [agent_id]
+        if split is not None:
+            q, args = q + " AND split=?", [*args, split]
+        if version is not None:
+            q, args = q + " AND weights_version=?", [*args, version]
+        for r in self.db.execute(q + " ORDER BY rowid", args):
             yield Trajectory.from_json(r["json"])
 
     def lineage(self, agent_id: str) -> list[AgentRecord]:

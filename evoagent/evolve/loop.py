@@ -252,7 +252,8 @@ class Search:
 
     def _mutation_context(self, parent: Candidate, rng: random.Random, pool: list[Candidate]) -> MutationContext:
         cfg = self.spec.evolve
-        feedback = [self._feedback(t) for t in self.archive.trajectories(parent.id, "val")]
+        version = self.policy.weights_version
+        feedback = [self._feedback(t) for t in self.archive.trajectories(parent.id, "val", version)]
         failures = sorted((f for f in feedback if f.reward < 1.0), key=lambda f: f.reward)
         return MutationContext(
             llm=self.mutator,

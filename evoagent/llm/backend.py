@@ -31,6 +31,8 @@ class Backend(Protocol):
 class SupportsTraining(Protocol):
     """A backend whose policy lives in this process and can be trained in place (weight sync)."""
 
+    pad_id: int
+
     def trainable_model(self) -> object: ...
 
     def set_weights_version(self, version: int) -> None: ...

@@ -56,12 +56,12 @@ class RLPhase:
             with torch.random.fork_rng():
                 torch.manual_seed(request_seed(self.seed, "lora") % 2**31)
                 model = attach_lora(self.backend.trainable_model(), self.cfg)
-            pad = getattr(self.backend, "pad_id", 0)
-            self.trainer = Trainer(model, self.cfg, pad_id=pad, seed=self.seed)
+            self.trainer = Trainer(model, self.cfg, pad_id=self.backend.pad_id, seed=self.seed)
         return self.trainer
 
     def restore(self, path: str, version: int) -> None:
-        self._trainer().load_checkpoint(Path(path))
+        """Load the checkpoint at ``path`` (relative to the run folder) and serve it as ``version``."""
+        self._trainer().load_checkpoint(self.dir.parent / path)
         self.backend.set_weights_version(version)
 
     async def train(
@@ -91,8 +91,7 @@ class RLPhase:
             steps, advs = episode_advantages(trajs, lambda t: (t.agent_id, t.input_id), self.cfg)
             if not steps:
                 continue  # every group had equal rewards: no gradient (DAPO dynamic sampling)
-            pad = getattr(self.backend, "pad_id", 0)
-            batch = build_batch(steps, advs, pad)
+            batch = build_batch(steps, advs, self.backend.pad_id)
             try:
                 metrics = await asyncio.to_thread(trainer.train_step, batch)
             except RLError as e:
@@ -105,4 +104,4 @@ class RLPhase:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"gen{generation:03d}.pt"
         trainer.save_checkpoint(path)
-        return str(path), out
+        return str(path.relative_to(self.dir.parent)), out  # relative: the run folder may move

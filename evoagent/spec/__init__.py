@@ -65,6 +65,10 @@ def check_spec(spec: RunSpec) -> None:
         raise SpecError(
             f"task.dataset.kind: unknown dataset {spec.task.dataset.kind!r}; known: {known_datasets()}"
         )
+    if spec.rl.enabled and spec.task.splits.train == 0:
+        raise SpecError("rl.enabled: task.splits.train is 0, so the RL phase has nothing to train on")
+    if spec.rl.enabled and spec.policy.kind != "hf":
+        raise SpecError(f"rl.enabled: policy.kind {spec.policy.kind!r} cannot be trained in place; use hf")
     for field, cfg in (("policy", spec.policy), ("mutator", spec.mutator)):
         if cfg is not None and cfg.kind not in known_backends():
             raise SpecError(f"{field}.kind: unknown backend {cfg.kind!r}; known: {known_backends()}")

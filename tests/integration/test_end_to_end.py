@@ -55,7 +55,7 @@ def test_run_inspect_and_resume_on_the_embedded_model(tmp_path):
     with Archive(run_dir, write=False) as a:
         assert a.last_generation() == (2, 1)  # two generations, one RL phase -> weights v1
         (ckpt,) = a.checkpoints()
-        assert Path(ckpt["path"]).is_file()
+        assert (run_dir / ckpt["path"]).is_file()
         best = a.best("val", 1)
         seed = next(r for r in a.agents() if r.operator == "seed")
         trajs = list(a.trajectories(seed.id, "val"))

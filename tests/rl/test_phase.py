@@ -46,7 +46,7 @@ def test_train_updates_the_served_policy_and_checkpoints(tiny_backend, tmp_path)
     rl = phase(backend, tmp_path)
     path, metrics = asyncio.run(rl.train([GRAPH], train, generation=2))
     assert metrics["steps_trained"] == 2 and "loss" in metrics and 0 <= metrics["reward_mean"] <= 1
-    assert Path(path).is_file()
+    assert (tmp_path / path).is_file()
     after = logprobs(backend)
     assert after != before  # the backend already serves the trained LoRA weights
 

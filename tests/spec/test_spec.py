@@ -107,3 +107,12 @@ def test_bad_rl_algorithm_lists_known(tmp_path):
 def test_not_a_mapping(tmp_path):
     with pytest.raises(SpecError, match="mapping"):
         load_spec(write(tmp_path, "- just\n- a list\n"))
+
+
+def test_rl_misconfiguration_fails_at_spec_time(tmp_path):
+    no_train = GOOD.replace("train: 4", "train: 0") + "rl: {enabled: true}\n"
+    with pytest.raises(SpecError, match=r"rl\.enabled: task\.splits\.train is 0"):
+        check_spec(load_spec(write(tmp_path, no_train)))
+    scripted = GOOD + "rl: {enabled: true}\npolicy: {kind: scripted}\n"
+    with pytest.raises(SpecError, match=r"rl\.enabled: policy\.kind 'scripted' cannot be trained"):
+        check_spec(load_spec(write(tmp_path, scripted)))
