@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.markup import escape
+from rich.table import Column, Table
 
 from evoagent.archive.store import Archive
 from evoagent.errors import EvoagentError
@@ -19,30 +19,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 archive_app = typer.Typer(no_args_is_help=True, help="Inspect a run's archive of agent variants.")
 app.add_typer(archive_app, name="archive")
 console = Console()
-
-
-class RichReporter:
-    """Draws one progress bar per stage of the search and prints its log lines."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.task: int | None = None
-
-    def stage(self, name: str, total: int) -> None:
-        if self.task is not None:
-            self.progress.remove_task(self.task)
-        self.task = self.progress.add_task(name, total=total)
-
-    def advance(self) -> None:
-        if self.task is not None:
-            self.progress.advance(self.task)
-
-    def log(self, message: str) -> None:
-        self.progress.console.print(message)
+errors = Console(stderr=True)
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error:[/] {e}")
+    """Print ``e`` as one plain error (no markup is read from it, no traceback) and exit 2."""
+    errors.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -51,21 +33,26 @@ def run(
     task: Path = typer.Argument(..., help="task.yaml"),
     resume: bool = typer.Option(False, "--resume", help="continue the run's archive"),
     output: str | None = typer.Option(None, help="folder of run archives (default: spec's output)"),
+    progress: str = typer.Option(
+        "rich", "--progress", help="rich (bars), jsonl (one JSON event per line) or quiet"
+    ),
 ) -> None:
     """Evolve agents (and train the policy) for TASK; the archive lands in OUTPUT/NAME."""
     from evoagent import runner
+    from evoagent.progress import REPORTERS, reporter
 
+    if progress not in REPORTERS:
+        _fail(EvoagentError(f"--progress: unknown mode {progress!r}; known: {sorted(REPORTERS)}"))
     try:
         spec = runner.prepare(task, output=output, resume=resume)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as progress:
-            result = asyncio.run(runner.run(spec, RichReporter(progress)))
+        with reporter(progress, console) as rep:  # type: ignore[arg-type]
+            result = asyncio.run(runner.run(spec, rep))
     except EvoagentError as e:
         _fail(e)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: every finished generation is archived; "
-                      "continue with --resume")
+        again = f"evoagent run {task}" + (f" --output {output}" if output else "") + " --resume"
+        errors.print("[yellow]interrupted[/]: every finished generation is archived; "
+                     f"continue with: {escape(again)}")
         raise typer.Exit(130) from None
     test = f"{result.test:.3f}" if result.test is not None else "-"
     console.print(
@@ -87,7 +74,8 @@ def _open(run_dir: Path) -> Archive:
 def list_(run_dir: Path = typer.Argument(..., help="populations/<run>")) -> None:
     """Every variant: id, generation, island, operator, parents, status, val score."""
     with _open(run_dir) as a:
-        table = Table("id", "gen", "island", "operator", "parents", "status", "val", "weights")
+        table = Table("gen", "island", "operator", "parents", "status", "val", "weights")
+        table.columns.insert(0, Column("id", no_wrap=True, min_width=12))  # ids are what users copy
         for r in a.agents():
             evals = [e for e in a.evaluations(r.id) if e.split == "val"]
             last = evals[-1] if evals else None

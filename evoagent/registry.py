@@ -28,12 +28,19 @@ class Registry(Generic[F]):
         """Decorator: register ``fn`` under ``name``; a name is registered once."""
 
         def deco(fn: F) -> F:
-            if name in self.entries:
-                raise self.error(f"{self.kind} {name!r} is already registered")
-            self.entries[name] = fn
+            self.add(name, fn)
             return fn
 
         return deco
+
+    def add(self, name: str, entry: F) -> None:
+        """Register ``entry`` under ``name``; a taken name is refused, never silently replaced."""
+        if name in self.entries:
+            raise self.error(f"{self.kind} {name!r} is already registered")
+        self.entries[name] = entry
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
 
     def get(self, name: str) -> F:
         try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evoagent.archive.store import DB_NAME, Archive
 from evoagent.errors import ArchiveError
-from evoagent.evolve.loop import Reporter, Search, SearchResult
+from evoagent.evolve.loop import NullReporter, Reporter, Search, SearchResult
 from evoagent.graph.io import dump_graph
 from evoagent.llm.backend import make_backend
 from evoagent.rl.phase import RLPhase
@@ -31,20 +31,54 @@ def prepare(task: Path | str, *, output: str | None = None, resume: bool = False
         )
     if resume and not db.exists():
         raise ArchiveError(f"--resume: no archive at {spec.run_dir} to continue")
+    if resume:
+        with Archive(spec.run_dir, write=False) as archive:
+            stored = archive.run_spec()
+        changed = spec_changes(stored, spec) if stored is not None else []
+        if changed:
+            raise ArchiveError(
+                f"--resume: the spec differs from the one {spec.run_dir} was started with, in "
+                + "; ".join(changed)
+                + f". A resumed run continues the same search: only {sorted(RESUMABLE)} may "
+                "change (give the run a new name to start another)"
+            )
     return spec
+
+
+# Fields a resumed run may change: where things live, and how long the search goes on.
+RESUMABLE = frozenset({"output", "base_dir", "evolve.generations"})
+
+
+def spec_changes(stored_json: str, spec: RunSpec) -> list[str]:
+    """``"field: old -> new"`` for each leaf that differs, other than ``RESUMABLE`` ones."""
+    old, new = _leaves(json.loads(stored_json)), _leaves(spec.model_dump(mode="json"))
+    return [
+        f"{k}: {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}"
+        for k in sorted(old.keys() | new.keys())
+        if k not in RESUMABLE and old.get(k) != new.get(k)
+    ]
+
+
+def _leaves(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out |= _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return {prefix: value}
 
 
 async def run(spec: RunSpec, reporter: Reporter | None = None) -> SearchResult:
     """Run (or resume) the search of ``spec``; the best agent is exported beside the archive."""
-    if spec.task.tools and "python" in spec.task.tools:
-        check_sandbox(spec.sandbox)
+    if "python" in spec.task.tools and (warning := check_sandbox(spec.sandbox)):
+        (reporter or NullReporter()).log(f"warning: {warning}")
     policy = make_backend(spec.policy)
     mutator = policy if spec.mutator is None or spec.mutator == spec.policy else make_backend(spec.mutator)
     with Archive(spec.run_dir) as archive:
         search = Search(spec, policy, mutator, archive, reporter)
         if spec.rl.enabled:
             search.rl = RLPhase(spec.rl, policy, search.ctx, spec.task.reward, spec.run_dir,
-                                spec.seed, spec.concurrency)
+                                spec.seed)
         try:
             result = await search.run()
         finally:

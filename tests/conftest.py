@@ -71,6 +71,15 @@ def tiny_backend(tiny_tokenizer) -> Callable[..., object]:
     return make
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A tiny random Llama saved as an HF folder: ``policy: {kind: hf, model: <this>}`` runs it."""
+    d = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(len(tiny_tokenizer)).save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return d
+
+
 @pytest.fixture
 def snapshot() -> Callable[..., object]:
     """``snapshot(run_dir)`` -> the archive's agents and evaluations, comparable across runs."""

@@ -140,9 +140,17 @@ class Archive:
 
     # -- writes ------------------------------------------------------------------------------
     def start_run(self, name: str, spec_json: str) -> None:
-        self.db.execute(
-            "INSERT INTO runs (name, spec_json, started) VALUES (?, ?, ?)", (name, spec_json, time.time())
-        )
+        """Record the run's spec once; a run resumed before its seeds committed keeps its row."""
+        if self.run_spec() is None:
+            self.db.execute(
+                "INSERT INTO runs (name, spec_json, started) VALUES (?, ?, ?)",
+                (name, spec_json, time.time()),
+            )
+
+    def run_spec(self) -> str | None:
+        """The spec JSON the run started with, or None before it started."""
+        row = self.db.execute("SELECT spec_json FROM runs ORDER BY id LIMIT 1").fetchone()
+        return row["spec_json"] if row else None
 
     def commit_generation(self, w: GenerationWrite) -> None:
         """Write a whole generation in one transaction: all of it lands, or none."""
@@ -189,8 +197,14 @@ class Archive:
                  best[1] if best else None),
             )
             self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
+        except BaseException as e:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            if isinstance(e, sqlite3.OperationalError):  # disk full, I/O error, locked
+                raise ArchiveError(
+                    f"cannot write generation {w.generation} to {self.run_dir}: {e}. Nothing of it "
+                    "was kept: free space (or fix the folder) and continue with --resume"
+                ) from e
             raise
 
     # -- reads -------------------------------------------------------------------------------
@@ -238,6 +252,17 @@ class Archive:
         for r in rows:
             seen.setdefault(r["id"], (_agent(r), r["s"]))
         return list(seen.values())
+
+    def stopped(self, split: str, version: int) -> list[tuple[AgentRecord, float]]:
+        """Valid agents whose ``split`` evaluation under ``version`` ended at the minibatch."""
+        rows = self.db.execute(
+            "SELECT a.*, e.score AS s FROM agents a JOIN evaluations e ON e.agent_id = a.id "
+            "WHERE a.status='ok' AND e.split=? AND e.weights_version=? AND e.stage='minibatch' "
+            "AND NOT EXISTS (SELECT 1 FROM evaluations f WHERE f.agent_id = a.id AND f.split=? "
+            "AND f.weights_version=? AND f.stage='full') ORDER BY a.generation, a.id",
+            (split, version, split, version),
+        ).fetchall()
+        return [(_agent(r), r["s"]) for r in rows]
 
     def best(self, split: str, version: int) -> tuple[AgentRecord, float] | None:
         ranked = self.scored(split, version)

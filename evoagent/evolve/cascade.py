@@ -30,24 +30,16 @@ async def cascade(
     ctx: ExecContext,
     reward: RewardConfig,
     cfg: CascadeConfig,
-    concurrency: int,
     on_done: Callable[[], None] | None = None,
 ) -> CascadeResult:
     """Minibatch stage, then (if ``score > threshold``) the rest of val merged into ``full``."""
     m = min(cfg.minibatch, len(val))
-    first = await evaluate(graph, val[:m], ctx, reward, concurrency, on_done=on_done)
+    first = await evaluate(graph, val[:m], ctx, reward, on_done=on_done)
     if first.score <= cfg.threshold and m < len(val):
         return CascadeResult(first, None)
     if m == len(val):
         return CascadeResult(first, first)
-    rest = await evaluate(graph, val[m:], ctx, reward, concurrency, on_done=on_done)
-    trajs = first.trajectories + rest.trajectories
-    full = Evaluation(
-        score=sum(t.reward or 0.0 for t in trajs) / len(trajs),
-        n=len(trajs),
-        weights_version=rest.weights_version,
-        tokens=first.tokens + rest.tokens,
-        seconds=first.seconds + rest.seconds,
-        trajectories=trajs,
-    )
+    rest = await evaluate(graph, val[m:], ctx, reward, on_done=on_done)
+    full = Evaluation.of(first.trajectories + rest.trajectories, rest.weights_version,
+                         first.seconds + rest.seconds)
     return CascadeResult(first, full)

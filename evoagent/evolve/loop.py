@@ -31,6 +31,8 @@ from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, load_examples, split
 from evoagent.tools import ToolContext, known_tools
 
+REDRAWS = 4  # tries per child slot before a rebuilt existing agent is skipped
+
 
 class Reporter(Protocol):
     """Progress sink (the CLI draws rich bars); every method is optional to act on."""
@@ -113,7 +115,8 @@ class Search:
         examples = load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir))
         self.splits = split(examples, spec.task.splits, spec.seed)
         self.by_id = {e.id: e for e in examples}
-        self.ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed)
+        self.ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed,
+                               concurrency=spec.concurrency)
         self.tools = sorted(set(known_tools()) | set(spec.task.tools))
         self.operators = [(get_operator(o.name), o.weight) for o in spec.evolve.operators]
         self.select = get_selector(spec.evolve.selection.kind)
@@ -165,7 +168,7 @@ class Search:
 
     async def _full(self, graph: AgentGraph, examples: Sequence[Example]) -> Evaluation:
         return await evaluate(graph, examples, self.ctx, self.spec.task.reward,
-                              self.spec.concurrency, on_done=self.reporter.advance)
+                              on_done=self.reporter.advance)
 
     def _record(self, pending: _Pending, agent_id: str, split_: str, stage: str, ev: Evaluation) -> None:
         pending.add_eval(agent_id, split_, stage, ev)
@@ -189,9 +192,12 @@ class Search:
         if not pool:
             raise EvoagentError("no valid scored agent to evolve from (all seeds failed?)")
         known = self.archive.known_ids()
-        made = await asyncio.gather(*(self._child(gen, slot, pool) for slot in range(cfg.children)))
+        rngs = [random.Random(request_seed(self.spec.seed, "child", gen, s)) for s in range(cfg.children)]
+        made = await asyncio.gather(*(self._child(gen, s, pool, rngs[s], known) for s in range(cfg.children)))
         children: list[tuple[AgentRecord, AgentGraph]] = []
-        for rec in made:
+        for slot, rec in enumerate(made):
+            if rec.id in known:  # an earlier slot of this generation built the same child
+                rec = await self._child(gen, slot, pool, rngs[slot], known)
             if rec.id in known:
                 self.reporter.log(f"gen {gen}: {rec.operator} rebuilt existing agent {rec.id}; skipped")
                 continue
@@ -204,8 +210,7 @@ class Search:
         val = self.splits["val"]
         self.reporter.stage(f"gen {gen}: evaluate {len(children)} children", len(children) * len(val))
         results = await asyncio.gather(*(
-            cascade(g, val, self.ctx, self.spec.task.reward, cfg.cascade, self.spec.concurrency,
-                    on_done=self.reporter.advance)
+            cascade(g, val, self.ctx, self.spec.task.reward, cfg.cascade, on_done=self.reporter.advance)
             for _, g in children
         ))
         for (rec, _), res in zip(children, results, strict=True):
@@ -224,9 +229,25 @@ class Search:
         self.archive.commit_generation(pending.write(checkpoint))
         return version
 
-    async def _child(self, gen: int, slot: int, pool: list[Candidate]) -> AgentRecord:
-        """Build one child; whatever goes wrong becomes an invalid or crashed archive row."""
-        rng = random.Random(request_seed(self.spec.seed, "child", gen, slot))
+    async def _child(
+        self, gen: int, slot: int, pool: list[Candidate], rng: random.Random, known: set[str]
+    ) -> AgentRecord:
+        """Build one child, redrawing operator and parents when the draw gave nothing new.
+
+        Deterministic operators (insert a tool, add demos) rebuild the same child from the same
+        parent, and an operator may not apply to the parent drawn (every node already has a
+        tool); without a redraw such a slot is lost. After ``REDRAWS`` draws the last one is
+        kept: an invalid child is archived with its reason, like a crashed one (which is never
+        redrawn: an operator bug should show). The draws come from the slot's own seeded RNG,
+        so reruns match.
+        """
+        for _ in range(REDRAWS):
+            rec = await self._draw_child(gen, slot, pool, rng)
+            if rec.id not in known and rec.status != "invalid":
+                break
+        return rec
+
+    async def _draw_child(self, gen: int, slot: int, pool: list[Candidate], rng: random.Random) -> AgentRecord:
         ops, weights = zip(*self.operators)
         op: Operator = rng.choices(ops, weights=weights, k=1)[0]
         parents, island = self.select(pool, op.parents, slot, gen, rng, self.spec.evolve.selection)
@@ -263,7 +284,9 @@ class Search:
             successes=tuple(f for f in feedback if f.reward >= 1.0),
             tools=self.spec.task.tools,
             max_demos=cfg.max_demos,
-            history=tuple((c.graph, c.score) for c in pool),
+            # Children stopped by the cascade are trials too: TPE learns where not to look.
+            history=tuple((c.graph, c.score) for c in pool)
+            + tuple((a.graph, s) for a, s in self.archive.stopped("val", version) if a.graph),
         )
 
     def _feedback(self, t: Trajectory) -> Feedback:

@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 from evoagent.errors import MutationError, SpecError
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend
+from evoagent.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class MutationContext:
         successes: the parent's fully successful executions (demo material).
         tools: names of tools the task allows operators to insert.
         max_demos: most few-shot demos ``bootstrap_demos`` may give a node.
-        history: (graph, val score) of archived agents under the current weights (param search).
+        history: (graph, val score) of archived agents under the current weights, those the
+            cascade stopped with their minibatch score (param search's trials).
     """
 
     llm: Backend
@@ -91,16 +93,19 @@ class Operator:
         return child
 
 
-_REGISTRY: dict[str, Operator] = {}
+_REGISTRY: Registry[Operator] = Registry("operator", SpecError)
 
 
 def mutation(name: str, *, parents: int = 1) -> Callable[[MutationOperator], MutationOperator]:
-    """Register a mutation operator under ``name`` (the public plug-in decorator)."""
+    """Register a mutation operator under ``name`` (the public plug-in decorator).
+
+    A name is taken once: a plug-in that reuses a built-in's name is refused, not swapped in.
+    """
     if parents < 1:
         raise ValueError("an operator needs at least one parent")
 
     def deco(fn: MutationOperator) -> MutationOperator:
-        _REGISTRY[name] = Operator(name, fn, parents)
+        _REGISTRY.add(name, Operator(name, fn, parents))
         return fn
 
     return deco
@@ -108,30 +113,30 @@ def mutation(name: str, *, parents: int = 1) -> Callable[[MutationOperator], Mut
 
 def known_operators() -> list[str]:
     _load_builtins()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_operator(name: str) -> Operator:
     """A built-in or registered name, a ``module:function`` ref, or an entry point."""
     _load_builtins()
     if name in _REGISTRY:
-        return _REGISTRY[name]
+        return _REGISTRY.get(name)
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
             fn = getattr(importlib.import_module(module), attr)
         except Exception as e:  # user code: a SyntaxError or NameError is a spec problem too
-            raise SpecError(f"evolve.operators: cannot import {name!r}: {type(e).__name__}: {e}") from None
+            raise SpecError(f"cannot import {name!r}: {type(e).__name__}: {e}") from None
         return _registered_as(fn) or Operator(name, fn)
     for ep in entry_points(group="evoagent.mutations"):
         if ep.name == name:
             fn = ep.load()
             return _registered_as(fn) or Operator(name, fn)
-    raise SpecError(f"evolve.operators: unknown operator {name!r}; known: {known_operators()}")
+    raise SpecError(f"unknown operator {name!r}; known: {known_operators()}")
 
 
 def _registered_as(fn: object) -> Operator | None:
-    return next((op for op in _REGISTRY.values() if op.fn is fn), None)
+    return next((op for op in _REGISTRY.entries.values() if op.fn is fn), None)
 
 
 def _load_builtins() -> None:

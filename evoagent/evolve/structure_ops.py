@@ -1,5 +1,5 @@
-"""Operators that change the graph's shape: insert a tool node, add a revise step, remove a
-node, and crossover of two parents (GEPA's merge, node-wise).
+"""Operators that change the graph's shape: insert a tool node before or after an llm node, add
+a revise step, remove a node, and crossover of two parents (GEPA's merge, node-wise).
 
 Each returns a new graph or raises ``MutationError`` when it does not apply; the loop validates
 every child before it runs, so an operator may produce an invalid graph only by bug, and that
@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from evoagent.errors import MutationError
 from evoagent.evolve.operators import MutationContext, mutation
 from evoagent.graph.model import AgentGraph, Edge, LLMNode, LoopNode, ToolNode, VoteNode
+from evoagent.tools.base import make_tool
 
 REVISE_SYSTEM = "You check a draft answer step by step and correct it if it is wrong."
 REVISE_TEMPLATE = "Question: {{input}}\nDraft answer: {{{src}}}\nReply with the corrected final answer."
+DELEGATE_SYSTEM = "Write the input for the {name} tool, which {description}. Reply with only that input."
 
 
 def fresh_id(graph: AgentGraph, stem: str) -> str:
@@ -65,6 +67,41 @@ def insert_tool(parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGra
         edges.append(Edge(src=graph.entry, dst=tid))
     nodes = [new_target if n.id == target.id else n for n in graph.nodes] + [tnode]
     return graph.model_copy(update={"nodes": tuple(nodes), "edges": tuple(edges), "entry": entry})
+
+
+@mutation("delegate_to_tool")
+def delegate_to_tool(parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGraph:
+    """Let an llm node write a tool's argument and the tool compute the result (PAL, PoT).
+
+    Program-aided models (Gao et al. 2022) answer by writing an expression or program that a
+    tool runs: the model does the translation it is good at and the tool the exact part it is
+    bad at. The chosen node is told to write only the tool's input; a tool node reads its reply,
+    and the node's consumers (or the graph's exit) read the tool's result instead.
+    """
+    graph = parents[0]
+    if not ctx.tools:
+        raise MutationError("delegate_to_tool: the task lists no tools (task.tools)")
+    tool = ctx.rng.choice(ctx.tools)
+    fed_to_tool = {e.src for e in graph.edges if isinstance(graph.node(e.dst), ToolNode)}
+    targets = [n for n in graph.nodes if isinstance(n, LLMNode) and n.id not in fed_to_tool]
+    if not targets:
+        raise MutationError("delegate_to_tool: every llm node already feeds a tool")
+    target = ctx.rng.choice(targets)
+    impl = make_tool(tool)
+    short = tool.split(":")[-1]
+    tid = fresh_id(graph, short)
+    writer = target.model_copy(update={
+        "system": DELEGATE_SYSTEM.format(name=short, description=impl.description.rstrip(".")),
+        "demos": (),  # demos of the old reply format would teach the wrong output
+    })
+    consumers = {e.dst for e in graph.edges if e.src == target.id}
+    nodes = [writer if n.id == target.id else _rename_ref(n, target.id, tid) if n.id in consumers
+             else n for n in graph.nodes]
+    nodes.append(ToolNode(id=tid, tool=tool, template="{" + target.id + "}"))
+    edges = [Edge(src=tid, dst=e.dst, p=e.p) if e.src == target.id else e for e in graph.edges]
+    edges.append(Edge(src=target.id, dst=tid))
+    exit_ = tid if graph.exit == target.id else graph.exit
+    return graph.model_copy(update={"nodes": tuple(nodes), "edges": tuple(edges), "exit": exit_})
 
 
 @mutation("add_node")

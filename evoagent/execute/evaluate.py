@@ -1,7 +1,8 @@
 """Run a graph over many examples concurrently and score each trajectory.
 
 All executions share one backend, whose batcher turns the concurrency here into large batched
-model calls. ``concurrency`` bounds executions in flight (and so memory), not model batch size.
+model calls. ``ExecContext.concurrency`` bounds executions in flight across every caller (and
+so memory), not the model's batch size.
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ class Evaluation:
     seconds: float
     trajectories: list[Trajectory] = field(repr=False, default_factory=list)
 
+    @classmethod
+    def of(cls, trajectories: Sequence[Trajectory], version: int, seconds: float) -> Evaluation:
+        """The evaluation made of these scored trajectories."""
+        n = len(trajectories)
+        return cls(
+            score=sum(t.reward or 0.0 for t in trajectories) / n if n else 0.0,
+            n=n,
+            weights_version=version,
+            tokens=sum(t.completion_tokens for t in trajectories),
+            seconds=seconds,
+            trajectories=list(trajectories),
+        )
+
     @property
     def failures(self) -> list[Trajectory]:
         return [t for t in self.trajectories if (t.reward or 0.0) < 1.0]
@@ -52,34 +66,35 @@ async def run_and_score(
     return traj
 
 
+async def rollout(
+    jobs: Sequence[tuple[AgentGraph, Example, int]],
+    ctx: ExecContext,
+    reward: RewardConfig,
+    on_done: Callable[[], None] | None = None,
+) -> list[Trajectory]:
+    """Run and score every ``(graph, example, sample)`` at once, in order of ``jobs``.
+
+    How many run at the same time is bounded by ``ctx``'s gate, shared by every caller.
+    """
+
+    async def one(job: tuple[AgentGraph, Example, int]) -> Trajectory:
+        traj = await run_and_score(job[0], job[1], ctx, reward, job[2])
+        if on_done is not None:
+            on_done()
+        return traj
+
+    return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+
 async def evaluate(
     graph: AgentGraph,
     examples: Sequence[Example],
     ctx: ExecContext,
     reward: RewardConfig,
-    concurrency: int = 64,
-    samples: int = 1,
     on_done: Callable[[], None] | None = None,
 ) -> Evaluation:
-    """Mean reward of ``graph`` over ``examples`` (``samples`` executions each)."""
-    gate = asyncio.Semaphore(concurrency)
+    """Mean reward of ``graph`` over ``examples`` (one execution each)."""
     version = ctx.llm.weights_version
     start = time.perf_counter()
-
-    async def one(ex: Example, k: int) -> Trajectory:
-        async with gate:
-            traj = await run_and_score(graph, ex, ctx, reward, k)
-        if on_done is not None:
-            on_done()
-        return traj
-
-    trajs = await asyncio.gather(*(one(ex, k) for ex in examples for k in range(samples)))
-    n = len(trajs)
-    return Evaluation(
-        score=sum(t.reward or 0.0 for t in trajs) / n if n else 0.0,
-        n=n,
-        weights_version=version,
-        tokens=sum(t.completion_tokens for t in trajs),
-        seconds=time.perf_counter() - start,
-        trajectories=list(trajs),
-    )
+    trajs = await rollout([(graph, ex, 0) for ex in examples], ctx, reward, on_done)
+    return Evaluation.of(trajs, version, time.perf_counter() - start)

@@ -22,8 +22,9 @@ import hashlib
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 
@@ -31,7 +32,7 @@ from evoagent.errors import BackendError, SandboxError
 from evoagent.execute.trajectory import LLMStep, ToolStep, Trajectory, anchor_key
 from evoagent.graph.model import AgentGraph, LLMNode, LoopNode, ToolNode, VoteNode
 from evoagent.llm.backend import Backend
-from evoagent.llm.types import GenerationRequest, Message
+from evoagent.llm.types import Generation, GenerationRequest, Message
 from evoagent.tasks.datasets import Example
 from evoagent.tasks.extract import get_extractor
 from evoagent.tools import Tool, ToolContext, call_tool, make_tool
@@ -55,9 +56,13 @@ class ExecContext:
         llm: the policy backend.
         tool_ctx: sandbox settings handed to tools.
         seed: run seed, mixed into every request seed.
-        timeout_s: wall-clock budget of one whole execution.
+        timeout_s: budget of one execution's own work: wall-clock time minus the time spent
+            waiting for the model, which is bounded by ``max_tokens`` and shared with every
+            other execution in the batcher's queue (a busy model must not time agents out).
         tool_timeout_s: budget of one tool call.
         temperature: when set, overrides every node's temperature (RL rollouts sample).
+        concurrency: executions in flight at once across every caller sharing this context.
+        gate: the semaphore enforcing ``concurrency``; ``dataclasses.replace`` hands it on.
     """
 
     llm: Backend
@@ -67,12 +72,41 @@ class ExecContext:
     tool_timeout_s: float = 15.0
     temperature: float | None = None
     tools: dict[str, Tool] = field(default_factory=dict)
+    concurrency: int = 64
+    gate: asyncio.Semaphore | None = None
+
+    def __post_init__(self) -> None:
+        if self.gate is None:
+            object.__setattr__(self, "gate", asyncio.Semaphore(self.concurrency))
 
     def tool(self, name: str) -> Tool:
         """The tool registered as ``name`` (or a ``module:function`` ref), built once."""
         if name not in self.tools:
             self.tools[name] = make_tool(name)
         return self.tools[name]
+
+
+class _Clock:
+    """An execution's own time: wall clock with the model's serving time taken out."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.waited = 0.0
+        self.waiting_since: float | None = None
+
+    def own(self) -> float:
+        now = time.perf_counter()
+        current = now - self.waiting_since if self.waiting_since is not None else 0.0
+        return now - self.start - self.waited - current
+
+    async def generate(self, llm: Backend, reqs: list[GenerationRequest]) -> list[Generation]:
+        """``llm.generate`` with its time (queueing included) kept off the execution budget."""
+        self.waiting_since = time.perf_counter()
+        try:
+            return await llm.generate(reqs)
+        finally:
+            self.waited += time.perf_counter() - self.waiting_since
+            self.waiting_since = None
 
 
 def request_seed(*parts: object) -> int:
@@ -84,23 +118,47 @@ def request_seed(*parts: object) -> int:
 async def execute(
     graph: AgentGraph, example: Example, ctx: ExecContext, sample: int = 0
 ) -> Trajectory:
-    """Run ``graph`` on ``example``; never raises for per-input failures (see module doc)."""
-    traj = Trajectory(agent_id=graph.id, input_id=example.id, input=example.input)
-    start = time.perf_counter()
+    """Run ``graph`` on ``example``; never raises for per-input failures (see module doc).
+
+    At most ``ctx.concurrency`` executions run at once (one gate for every caller of ``ctx``).
+    """
+    assert ctx.gate is not None
+    async with ctx.gate:
+        traj = Trajectory(agent_id=graph.id, input_id=example.id, input=example.input)
+        clock = _Clock()
+        try:
+            await _within_budget(_run(graph, example, ctx, sample, traj, clock), clock, ctx.timeout_s)
+        except (BackendError, SandboxError):
+            raise
+        except TimeoutError:
+            traj.error = f"execution timed out after {ctx.timeout_s}s of its own work"
+        except Exception as e:  # the candidate boundary: a broken agent is data, not a crash
+            traj.error = f"{type(e).__name__}: {e}"
+        traj.seconds = time.perf_counter() - clock.start
+        return traj
+
+
+async def _within_budget(work: Coroutine[Any, Any, None], clock: _Clock, limit: float) -> None:
+    """Await ``work``; cancel it and raise TimeoutError once its own time passes ``limit``."""
+    task = asyncio.ensure_future(work)
     try:
-        await asyncio.wait_for(_run(graph, example, ctx, sample, traj), ctx.timeout_s)
-    except (BackendError, SandboxError):
-        raise
-    except TimeoutError:
-        traj.error = f"execution timed out after {ctx.timeout_s}s"
-    except Exception as e:  # the candidate boundary: a broken agent is data, not a crash
-        traj.error = f"{type(e).__name__}: {e}"
-    traj.seconds = time.perf_counter() - start
-    return traj
+        while True:
+            left = limit - clock.own()
+            if left <= 0:
+                task.cancel()
+                raise TimeoutError
+            done, _ = await asyncio.wait({task}, timeout=left)
+            if done:
+                return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _run(
-    graph: AgentGraph, example: Example, ctx: ExecContext, sample: int, traj: Trajectory
+    graph: AgentGraph, example: Example, ctx: ExecContext, sample: int, traj: Trajectory,
+    clock: _Clock,
 ) -> None:
     g = graph.digraph()
     rng = random.Random(request_seed(ctx.seed, graph.id, example.id, sample, "edges"))
@@ -119,9 +177,11 @@ async def _run(
             arg = _fill(node.template, example.input, upstream)
             outputs[node_id] = [await _call_tool(ctx, node.id, node.tool, arg, traj)]
         elif isinstance(node, LLMNode):
-            outputs[node_id] = await _llm(node, _fill(node.template, example.input, upstream), ctx, seed, traj)
+            user = _fill(node.template, example.input, upstream)
+            outputs[node_id] = await _llm(node, user, ctx, seed, traj, clock)
         else:
-            outputs[node_id] = [await _loop(node, _fill(node.template, example.input, upstream), ctx, seed, traj)]
+            user = _fill(node.template, example.input, upstream)
+            outputs[node_id] = [await _loop(node, user, ctx, seed, traj, clock)]
     traj.output = outputs[graph.exit][0]
 
 
@@ -134,7 +194,7 @@ def _temperature(node: LLMNode | LoopNode, ctx: ExecContext) -> float:
 
 
 async def _llm(
-    node: LLMNode, user: str, ctx: ExecContext, seed: tuple, traj: Trajectory
+    node: LLMNode, user: str, ctx: ExecContext, seed: tuple, traj: Trajectory, clock: _Clock
 ) -> list[str]:
     messages: list[Message] = [{"role": "system", "content": node.system}] if node.system else []
     for d in node.demos:
@@ -147,14 +207,14 @@ async def _llm(
         for k in range(n)
     ]
     t0 = time.perf_counter()
-    gens = await ctx.llm.generate(reqs)
+    gens = await clock.generate(ctx.llm, reqs)
     took = (time.perf_counter() - t0) / n
     for g in gens:
         traj.steps.append(_llm_step(node.id, tuple(messages), g, took))
     return [g.text for g in gens]
 
 
-def _llm_step(node: str, messages: tuple[Message, ...], g, seconds: float) -> LLMStep:
+def _llm_step(node: str, messages: tuple[Message, ...], g: Generation, seconds: float) -> LLMStep:
     return LLMStep(
         node=node,
         messages=messages,
@@ -178,7 +238,9 @@ async def _call_tool(ctx: ExecContext, node: str, name: str, arg: str, traj: Tra
     return res.output if res.ok else f"error: {res.error}"
 
 
-async def _loop(node: LoopNode, user: str, ctx: ExecContext, seed: tuple, traj: Trajectory) -> str:
+async def _loop(
+    node: LoopNode, user: str, ctx: ExecContext, seed: tuple, traj: Trajectory, clock: _Clock
+) -> str:
     tools = {name: ctx.tool(name) for name in node.tools}
     listing = "\n".join(f"- {name}: {t.description}" for name, t in tools.items())
     system = (node.system + "\n\n" if node.system else "") + REACT_FORMAT + listing
@@ -193,7 +255,7 @@ async def _loop(node: LoopNode, user: str, ctx: ExecContext, seed: tuple, traj: 
             stop=("Observation:",),
         )
         t0 = time.perf_counter()
-        (g,) = await ctx.llm.generate([req])
+        (g,) = await clock.generate(ctx.llm, [req])
         traj.steps.append(_llm_step(node.id, tuple(messages), g, time.perf_counter() - t0))
         text = g.text
         action = _ACTION.search(text)

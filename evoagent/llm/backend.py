@@ -9,10 +9,12 @@ that is merely too long is truncated from the left and still answered.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
 from evoagent.errors import BackendError
 from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.registry import Registry
 from evoagent.spec.config import BackendConfig
 
 
@@ -40,14 +42,28 @@ class SupportsTraining(Protocol):
 
 B = TypeVar("B")
 BackendFactory = Callable[[BackendConfig], Backend]
-_REGISTRY: dict[str, BackendFactory] = {}
 
 
-def register_backend(name: str) -> Callable[[B], B]:
-    """Register a backend factory (a class or function taking a ``BackendConfig``)."""
+@dataclass(frozen=True)
+class BackendEntry:
+    """A registered backend: how to build it and whether RL can train it in place."""
+
+    factory: BackendFactory
+    trainable: bool  # instances implement SupportsTraining (weights live in this process)
+
+
+_REGISTRY: Registry[BackendEntry] = Registry("backend", BackendError)
+
+
+def register_backend(name: str, *, trainable: bool = False) -> Callable[[B], B]:
+    """Register a backend factory (a class or function taking a ``BackendConfig``).
+
+    ``trainable=True`` promises that what the factory builds implements ``SupportsTraining``;
+    the spec check uses it to refuse ``rl.enabled`` on a backend that cannot be trained.
+    """
 
     def deco(factory: B) -> B:
-        _REGISTRY[name] = factory  # type: ignore[assignment]
+        _REGISTRY.add(name, BackendEntry(factory, trainable))  # type: ignore[arg-type]
         return factory
 
     return deco
@@ -56,17 +72,18 @@ def register_backend(name: str) -> Callable[[B], B]:
 def known_backends() -> list[str]:
     """Names of the registered backends, sorted."""
     _load_builtins()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
+
+
+def backend_entry(kind: str) -> BackendEntry:
+    """The registry entry of ``kind``; an unknown kind lists the known ones."""
+    _load_builtins()
+    return _REGISTRY.get(kind)
 
 
 def make_backend(cfg: BackendConfig) -> Backend:
     """Build the backend named by ``cfg.kind``; an unknown kind lists the known ones."""
-    _load_builtins()
-    try:
-        factory = _REGISTRY[cfg.kind]
-    except KeyError:
-        raise BackendError(f"unknown backend {cfg.kind!r}; known: {known_backends()}") from None
-    return factory(cfg)
+    return backend_entry(cfg.kind).factory(cfg)
 
 
 def _load_builtins() -> None:

@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+from evoagent.errors import BackendError
+
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
@@ -35,6 +37,9 @@ class Batcher(Generic[Req, Res]):
         """Queue ``requests`` and return their results in order once served."""
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
+            # A new event loop (a second asyncio.run): what was queued on the old one can never
+            # be answered there, so it is dropped rather than served into dead futures.
+            self._queue = [(r, f) for r, f in self._queue if f.get_loop() is loop]
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._run())
         futures = [loop.create_future() for _ in requests]
@@ -59,6 +64,10 @@ class Batcher(Generic[Req, Res]):
                 self.largest = max(self.largest, len(live))
                 try:
                     results = await asyncio.to_thread(self._fn, [r for r, _ in live])
+                    if len(results) != len(live):
+                        raise BackendError(
+                            f"the model call returned {len(results)} results for {len(live)} requests"
+                        )
                 except BaseException as e:  # a failed model call fails its callers, not the loop
                     for _, f in live:
                         if not f.done():

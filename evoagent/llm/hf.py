@@ -3,8 +3,11 @@ causal-LM folder, with request batching, a completion cache and in-place weight 
 
 Generation is a plain KV-cached decode loop rather than ``model.generate`` because each request
 needs its own temperature, token budget, stop strings and, above all, its own seeded RNG: a
-request's tokens must not depend on which other requests shared its batch, or caching and
-``--resume`` would not reproduce. Prompts are left-padded; logprobs are
+request's draws must not depend on which other requests shared its batch, or caching and
+``--resume`` would not reproduce. What the RNG cannot fix: bfloat16 matmuls round differently
+for different batch shapes (shared/facts/stack.md), so under ``dtype: bfloat16`` a request
+may come out a few tokens different in another batch; ``dtype: float32`` is batch-invariant
+(tested) and is the choice where exact replay matters. Prompts are left-padded; logprobs are
 ``log_softmax(logits / T)`` of the sampled token (T = 1 for greedy requests), in float32.
 
 Weight sync is free: the RL trainer wraps ``trainable_model()`` with LoRA in place, so the next
@@ -15,6 +18,7 @@ generate call already samples from the updated policy; the trainer then bumps
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,7 @@ def load_model(cfg: BackendConfig) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-@register_backend("hf")
+@register_backend("hf", trainable=True)
 class HFBackend:
     """Serves ``GenerationRequest``s from a transformers model held in this process."""
 
@@ -66,9 +70,13 @@ class HFBackend:
             self._generate_batch, cfg.max_batch, cfg.batch_wait_ms
         )
         self.completion_tokens = 0
+        self._closing = threading.Event()  # set by aclose: a decode in flight stops at its next step
         # transformers 5.x renamed the KV-cache argument from past_key_values to cache.
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # Only the last position's logits are sampled from: without this the prefill of a
+        # batch of long prompts materialises (B, L, 49k) logits, gigabytes for SmolLM2.
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     # -- Backend -----------------------------------------------------------------------------
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
@@ -99,6 +107,9 @@ class HFBackend:
         return [g for g in out if g is not None]
 
     async def aclose(self) -> None:
+        """Stop serving; a batch being decoded in the worker thread ends at its next token, so
+        Ctrl-C does not wait for a long generation to finish."""
+        self._closing.set()
         await self._batcher.aclose()
 
     # -- SupportsTraining --------------------------------------------------------------------
@@ -123,12 +134,34 @@ class HFBackend:
         keep = max(1, self.cfg.max_context - r.max_tokens)
         return ids[-keep:]
 
-    @torch.no_grad()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
-        """Decode all requests together; blocking (the batcher runs it in a worker thread)."""
+        """Decode ``requests`` in length-sorted parts of at most ``max_batch_tokens`` each.
+
+        Blocking (the batcher runs it in a worker thread). Sorting puts prompts of similar
+        length together, so little of each part is padding; results come back in order.
+        """
+        prompts = [self._prompt(r) for r in requests]
+        cost = [len(p) + r.max_tokens for p, r in zip(prompts, requests, strict=True)]
+        out: dict[int, Generation] = {}
+        part: list[int] = []
+
+        def flush() -> None:
+            gens = self._decode([requests[j] for j in part], [prompts[j] for j in part])
+            out.update(zip(part, gens, strict=True))
+
+        for i in sorted(range(len(requests)), key=lambda i: cost[i]):
+            if part and (len(part) + 1) * cost[i] > self.cfg.max_batch_tokens:
+                flush()
+                part = []
+            part.append(i)
+        flush()
+        return [out[i] for i in range(len(requests))]
+
+    @torch.no_grad()
+    def _decode(self, requests: list[GenerationRequest], prompts: list[list[int]]) -> list[Generation]:
+        """Decode all requests together (left-padded, one KV cache)."""
         version = self.weights_version
         self.model.eval()
-        prompts = [self._prompt(r) for r in requests]
         device = next(self.model.parameters()).device
         b, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((b, width), self.pad_id, dtype=torch.long)
@@ -148,14 +181,17 @@ class HFBackend:
         past = None
         step_ids, step_pos = ids, positions
         for _ in range(budget):
+            if self._closing.is_set():
+                raise BackendError("the backend was closed while generating")
             out = self.model(
                 input_ids=step_ids,
                 attention_mask=mask,
                 position_ids=step_pos,
                 use_cache=True,
                 **{self._cache_arg: past},
+                **self._last_logits,
             )
-            past = out.get("cache", out.get("past_key_values"))
+            past = out.get(self._cache_arg)  # outputs name the cache as forward's argument does
             logits = out.logits[:, -1, :].float().cpu()  # (B, V)
             nxt = torch.full((b,), self.pad_id, dtype=torch.long)
             for i in range(b):

@@ -62,21 +62,43 @@ class TokenBatch:
 
     def split(self, n: int) -> list[TokenBatch]:
         """At most ``n`` consecutive row chunks, each trimmed of its all-padding columns."""
-        out = []
-        for idx in torch.arange(self.rows).tensor_split(min(n, self.rows)):
-            am = self.attention_mask[idx]  # (b, L)
-            width = int(am.sum(dim=1).max())
-            out.append(
-                TokenBatch(
-                    input_ids=self.input_ids[idx, :width],
-                    attention_mask=am[:, :width],
-                    loss_mask=self.loss_mask[idx, :width],
-                    old_logp=self.old_logp[idx, :width],
-                    advantages=self.advantages[idx],
-                    rows=len(idx),
-                )
-            )
+        return [self._rows(idx) for idx in torch.arange(self.rows).tensor_split(min(n, self.rows))]
+
+    def by_length(self) -> TokenBatch:
+        """The same rows, shortest first, so that consecutive chunks carry little padding."""
+        return self._rows(torch.argsort(self.attention_mask.sum(dim=1), stable=True))
+
+    def split_tokens(self, budget: int, at_least: int = 1) -> list[TokenBatch]:
+        """Consecutive row chunks of at most ``budget`` padded tokens (rows x width) each.
+
+        A single row longer than the budget is a chunk of its own; with ``at_least``, the
+        batch is first cut into that many chunks (``split``), then each is cut to the budget.
+        """
+        out: list[TokenBatch] = []
+        for part in self.split(at_least):
+            lengths = part.attention_mask.sum(dim=1).tolist()
+            start, width = 0, 0
+            for row, n in enumerate(lengths):
+                width_if = max(width, n)
+                if row > start and width_if * (row + 1 - start) > budget:
+                    out.append(part._rows(torch.arange(start, row)))
+                    start, width_if = row, n
+                width = width_if
+            out.append(part._rows(torch.arange(start, part.rows)))
         return out
+
+    def _rows(self, idx: Tensor) -> TokenBatch:
+        """Rows ``idx`` (in that order), trimmed of all-padding columns."""
+        am = self.attention_mask[idx]  # (b, L)
+        width = int(am.sum(dim=1).max())
+        return TokenBatch(
+            input_ids=self.input_ids[idx, :width],
+            attention_mask=am[:, :width],
+            loss_mask=self.loss_mask[idx, :width],
+            old_logp=self.old_logp[idx, :width],
+            advantages=self.advantages[idx],
+            rows=len(idx),
+        )
 
 
 def build_batch(steps: Sequence[LLMStep], advantages: Sequence[float], pad_id: int) -> TokenBatch:

@@ -49,7 +49,16 @@ class RLConfig(BaseModel):
     lora_rank: int = Field(16, ge=1, description="LoRA rank r (Hu et al. 2021)")
     lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
     full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    grad_accum: int = Field(1, ge=1, description="least micro-batches per optimizer step")
+    micro_batch_tokens: int = Field(
+        8192, ge=1,
+        description="most padded tokens (rows x width) per forward/backward; a larger batch is "
+        "split and its gradients accumulated exactly",
+    )
+    gradient_checkpointing: bool = Field(
+        True, description="recompute layer activations in backward (TRL's default): long "
+        "prompts (few-shot demos) cost memory per layer input only",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="global gradient-norm clip")
     dynamic_sampling: bool = Field(
         True, description="drop groups whose rewards are all equal (DAPO dynamic sampling)"

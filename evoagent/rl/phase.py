@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from evoagent.errors import RLError, SpecError
-from evoagent.execute.evaluate import run_and_score
+from evoagent.execute.evaluate import rollout
 from evoagent.execute.executor import ExecContext, request_seed
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend, SupportsTraining
@@ -35,18 +36,16 @@ class RLPhase:
 
     def __init__(
         self, cfg: RLConfig, backend: Backend, ctx: ExecContext, reward: RewardConfig,
-        run_dir: Path, seed: int, concurrency: int = 64,
+        run_dir: Path, seed: int,
     ) -> None:
         if not isinstance(backend, SupportsTraining):
             raise SpecError("rl.enabled: the policy backend cannot be trained in place (use kind: hf)")
         self.cfg = cfg
         self.backend = backend
-        self.ctx = ExecContext(ctx.llm, ctx.tool_ctx, ctx.seed, ctx.timeout_s, ctx.tool_timeout_s,
-                               temperature=cfg.temperature, tools=ctx.tools)
+        self.ctx = replace(ctx, temperature=cfg.temperature)  # same gate, tools and budgets
         self.reward = reward
         self.dir = Path(run_dir) / "checkpoints"
         self.seed = seed
-        self.concurrency = concurrency
         self.trainer: Trainer | None = None
 
     def _trainer(self) -> Trainer:
@@ -76,16 +75,10 @@ class RLPhase:
         for step in range(self.cfg.steps):
             rng = random.Random(request_seed(self.seed, "rl", generation, step))
             inputs = rng.sample(list(train), min(self.cfg.inputs_per_step, len(train)))
-            gate = asyncio.Semaphore(self.concurrency)
-
-            async def one(g: AgentGraph, ex: Example, k: int):
-                async with gate:
-                    sample = 1_000_000 * generation + self.cfg.group_size * step + k
-                    return await run_and_score(g, ex, self.ctx, self.reward, sample)
-
-            trajs = await asyncio.gather(*(
-                one(g, ex, k) for g in elite for ex in inputs for k in range(self.cfg.group_size)
-            ))
+            first = 1_000_000 * generation + self.cfg.group_size * step
+            trajs = await rollout([
+                (g, ex, first + k) for g in elite for ex in inputs for k in range(self.cfg.group_size)
+            ], self.ctx, self.reward)
             rewards = [t.reward or 0.0 for t in trajs]
             totals["reward_mean"] = totals.get("reward_mean", 0.0) + sum(rewards) / len(rewards)
             steps, advs = episode_advantages(trajs, lambda t: (t.agent_id, t.input_id), self.cfg)

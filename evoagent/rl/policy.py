@@ -15,7 +15,6 @@ from evoagent.errors import RLError
 from evoagent.rl.config import RLConfig
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_CHUNK = 256  # positions per log_softmax: bounds the float32 copy of the logits to (B, 256, V)
 
 
 def attach_lora(model: nn.Module, cfg: RLConfig) -> nn.Module:
@@ -41,27 +40,44 @@ def attach_lora(model: nn.Module, cfg: RLConfig) -> nn.Module:
 
 
 def token_logprobs(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    temperature: float = 1.0,
+    wanted: Tensor | None = None,
 ) -> Tensor:
     """(B, L) float32 log softmax(logits / temperature) of each token given its prefix.
 
-    Differentiable; runs the model in whatever mode it is in. The log softmax is taken in float32
-    over chunks of positions, so a bf16 model never materialises float32 logits for all of L.
+    ``wanted`` (B, L) marks the tokens whose logprob is needed (the loss mask); the others come
+    out 0. The decoder runs on every position, but the LM head (vocabulary-sized) runs only on
+    the positions that predict a wanted token: for a batch of long prompts with short
+    completions that is the difference between (B, L, V) float32 logits held for backward,
+    gigabytes for a 49k vocabulary, and (tokens, V). Differentiable; runs the model in
+    whatever mode it is in. Assumes the causal LM's logits are ``lm_head(last_hidden_state)``
+    (true of Llama-style models; not of heads with logit soft-capping).
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
-    b, length = input_ids.shape
-    parts = [torch.zeros(b, 1, dtype=torch.float32, device=input_ids.device)]  # position 0
-    for s in range(0, length - 1, _CHUNK):
-        e = min(s + _CHUNK, length - 1)
-        z = logits[:, s:e].float() / temperature  # (B, c, V), predicts tokens s+1..e
-        target = input_ids[:, s + 1 : e + 1, None]  # (B, c, 1)
-        parts.append(z.gather(-1, target).squeeze(-1) - z.logsumexp(-1))  # (B, c)
-    out = torch.cat(parts, dim=1)  # (B, L)
-    return torch.where(attention_mask.bool(), out, torch.zeros_like(out))
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    if wanted is None:
+        wanted = attention_mask
+    wanted = wanted.bool() & attention_mask.bool()
+    wanted[:, 0] = False  # position 0 has no prefix to predict it
+    rows, cols = wanted.nonzero(as_tuple=True)  # (N,), (N,)
+    head = base.get_output_embeddings()
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)  # (B, L)
+    if rows.numel() == 0:
+        return out + hidden.sum() * 0.0  # keeps the graph connected for a backward call
+    z = head(hidden[rows, cols - 1]).float() / temperature  # (N, V): position t-1 predicts t
+    picked = z.gather(-1, input_ids[rows, cols, None]).squeeze(-1) - z.logsumexp(-1)  # (N,)
+    return out.index_put((rows, cols), picked)
 
 
 def reference_logprobs(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    temperature: float = 1.0,
+    wanted: Tensor | None = None,
 ) -> Tensor:
     """(B, L) detached token logprobs of the base model under ``model``'s LoRA adapter.
 
@@ -70,4 +86,4 @@ def reference_logprobs(
     if not isinstance(model, PeftModel):
         raise RLError("a reference policy needs a LoRA model (full fine-tuning keeps no base copy)")
     with torch.no_grad(), model.disable_adapter():
-        return token_logprobs(model, input_ids, attention_mask, temperature)
+        return token_logprobs(model, input_ids, attention_mask, temperature, wanted)

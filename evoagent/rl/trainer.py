@@ -8,6 +8,9 @@ Departures from PPO/GRPO as usually written (TRL, verl):
   backend reported enter as ``rollout_logp``, so with ``tis_cap`` the truncated importance weight
   min(pi_old / pi_rollout, C) corrects the numerical mismatch between the inference backend and
   the trainer (bf16 vs fp32, batching; Yao et al. 2025).
+- Memory is bounded by ``micro_batch_tokens`` (rows sorted by length, cut into chunks of at
+  most that many padded tokens) and by gradient checkpointing; only completion positions go
+  through the LM head (``policy.token_logprobs``).
 - Gradient accumulation is exact for the registered aggregations: each micro-batch's loss is
   scaled by its share of the full batch's aggregation weights, obtained by differentiating the
   aggregation itself (it is linear in the per-token loss), so no aggregation is special-cased.
@@ -47,6 +50,14 @@ class Trainer:
             raise RLError("RLConfig.full_finetune is false but the model has no LoRA adapter")
         self.model = model
         self.cfg = cfg
+        if cfg.gradient_checkpointing:
+            base = model.get_base_model() if isinstance(model, PeftModel) else model
+            # Non-reentrant checkpointing needs no input that requires grad (LoRA's case).
+            # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias).
+            if hasattr(base, "activation_checkpointing_enable"):
+                base.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                base.gradient_checkpointing_enable({"use_reentrant": False})
         self.pad_id = pad_id
         self.step = 0
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -73,7 +84,8 @@ class Trainer:
         tokens = batch.tokens
         if tokens == 0:
             raise RLError("batch has no trained tokens")
-        micro = batch.split(self.cfg.grad_accum)
+        batch = batch.by_length()
+        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum)
         scales = self._micro_scales(batch, micro)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -104,10 +116,10 @@ class Trainer:
     def _inputs(self, mb: TokenBatch) -> LossInputs:
         """LossInputs of one micro-batch (see the module docstring for old vs rollout logp)."""
         t = self.cfg.temperature
-        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, t)  # (b, l)
+        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, t, mb.loss_mask)  # (b, l)
         ref = None
         if self.cfg.kl_beta > 0:
-            ref = reference_logprobs(self.model, mb.input_ids, mb.attention_mask, t)  # (b, l)
+            ref = reference_logprobs(self.model, mb.input_ids, mb.attention_mask, t, mb.loss_mask)
         return LossInputs(
             logp=logp,
             old_logp=logp.detach(),
@@ -142,10 +154,17 @@ class Trainer:
             "rng": self._rng,
         }
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:  # disk full, quota, read-only: torch says RuntimeError
+            tmp.unlink(missing_ok=True)
+            raise RLError(
+                f"cannot write checkpoint {path}: {e}. The archive still ends at the last "
+                "finished generation: free space and continue with --resume"
+            ) from e
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore what ``save_checkpoint`` wrote; raises RLError if it does not fit this model."""

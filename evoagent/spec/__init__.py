@@ -7,6 +7,7 @@ field, before any model loads.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from evoagent.errors import EvoagentError, SpecError
@@ -25,12 +26,19 @@ def load_spec(path: Path | str) -> RunSpec:
 
 
 def check_spec(spec: RunSpec) -> None:
-    """Resolve every name the spec uses; raise SpecError naming the field of the first bad one."""
+    """Resolve every name the spec uses; raise SpecError naming the field of the first bad one.
+
+    The task file's folder goes on ``sys.path`` first, so its ``module:function`` refs (dataset,
+    reward, operators, tools) import the modules beside it, as ``python script.py`` would.
+    """
+    base = str(spec.base_dir)
+    if base not in sys.path:
+        sys.path.insert(0, base)
     from evoagent.evolve.operators import get_operator
     from evoagent.evolve.selection import get_selector
     from evoagent.graph import load_graph, validate as validate_graph
-    from evoagent.llm.backend import known_backends
-    from evoagent.tasks.datasets import known_datasets
+    from evoagent.llm.backend import backend_entry, known_backends
+    from evoagent.tasks.datasets import known_datasets, load_examples, split
     from evoagent.tasks.extract import get_extractor
     from evoagent.tasks.rewards import get_reward
     from evoagent.tools import known_tools, make_tool
@@ -65,13 +73,18 @@ def check_spec(spec: RunSpec) -> None:
         raise SpecError(
             f"task.dataset.kind: unknown dataset {spec.task.dataset.kind!r}; known: {known_datasets()}"
         )
+    # Generators and files are cheap next to a model load: build the splits once here, so a
+    # dataset that is too small or malformed fails now, not after the model has loaded.
+    split(load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir)), spec.task.splits, spec.seed)
     if spec.rl.enabled and spec.task.splits.train == 0:
         raise SpecError("rl.enabled: task.splits.train is 0, so the RL phase has nothing to train on")
-    if spec.rl.enabled and spec.policy.kind != "hf":
-        raise SpecError(f"rl.enabled: policy.kind {spec.policy.kind!r} cannot be trained in place; use hf")
     for field, cfg in (("policy", spec.policy), ("mutator", spec.mutator)):
         if cfg is not None and cfg.kind not in known_backends():
             raise SpecError(f"{field}.kind: unknown backend {cfg.kind!r}; known: {known_backends()}")
+    if spec.rl.enabled and not backend_entry(spec.policy.kind).trainable:
+        trainable = [k for k in known_backends() if backend_entry(k).trainable]
+        raise SpecError(f"rl.enabled: policy.kind {spec.policy.kind!r} cannot be trained in place; "
+                        f"trainable backends: {trainable}")
 
 
 __all__ = ["BackendConfig", "RunSpec", "check_spec", "load_spec"]

@@ -28,6 +28,11 @@ class BackendConfig(_Frozen):
         "bfloat16", description="weight dtype; bf16 generates ~2x faster on CPU (facts/stack.md)"
     )
     max_batch: int = Field(32, ge=1, description="most requests in one generate call")
+    max_batch_tokens: int = Field(
+        32768, ge=1,
+        description="most rows x (prompt width + token budget) decoded together; a larger call "
+        "is decoded in length-sorted parts (bounds the KV cache and prefill memory)",
+    )
     batch_wait_ms: float = Field(5.0, ge=0, description="how long the batcher gathers requests")
     max_context: int = Field(2048, ge=64, description="prompt tokens kept (left-truncated)")
     cache: bool = Field(True, description="memoise completions by (weights version, request)")

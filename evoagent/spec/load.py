@@ -2,7 +2,8 @@
 
 Safe by construction: ``yaml.safe_load`` only (tags that would build Python objects are
 refused), a size cap, strict UTF-8, and a cap on aliases (a "billion laughs" file expands
-exponentially once validated). Validation errors name the field path, the allowed values, and
+exponentially once validated) and on the expanded size, and no duplicate keys (YAML would
+silently keep the last one). Validation errors name the field path, the allowed values, and
 for an unknown key the closest known one.
 """
 
@@ -19,6 +20,7 @@ from evoagent.errors import SpecError
 
 MAX_BYTES = 1_000_000
 MAX_ALIASES = 100
+MAX_NODES = 100_000  # expanded size: no real task or graph file comes near it
 
 
 def read_yaml(path: Path) -> Any:
@@ -41,17 +43,55 @@ def read_yaml(path: Path) -> Any:
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    """Parse YAML text with safe loading and the alias cap."""
+    """Parse YAML text with safe loading, the alias and expansion caps, and no duplicate keys."""
     try:
         aliases = sum(isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text, Loader=yaml.SafeLoader))
         if aliases > MAX_ALIASES:
             raise SpecError(f"{source}: {aliases} YAML aliases (limit {MAX_ALIASES}); refusing")
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is not None:
+            _check_nodes(root, source)
         return yaml.safe_load(text)
     except yaml.constructor.ConstructorError as e:
         raise SpecError(f"{source}:{_line(e)}: {e.problem} (only plain YAML is allowed)") from None
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or str(e)
         raise SpecError(f"{source}:{_line(e)}: YAML syntax error: {problem}") from None
+
+
+def _check_nodes(root: yaml.Node, source: str) -> None:
+    """Refuse duplicate mapping keys (YAML would keep the last silently) and alias bombs.
+
+    A few aliases can nest into billions of nodes once expanded ("billion laughs"); the
+    expanded size is counted on the composed graph, where an alias is a shared node, so the
+    count itself never expands anything.
+    """
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once instead of looping
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[object, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        raise SpecError(
+                            f"{source}:line {key.start_mark.line + 1}: duplicate key {key.value!r} "
+                            f"(first at line {seen[key.value]})"
+                        )
+                    seen[key.value] = key.start_mark.line + 1
+                total += size(key) + size(value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        sizes[id(node)] = total
+        return total
+
+    expanded = size(root)
+    if expanded > MAX_NODES:
+        raise SpecError(f"{source}: expands to {expanded:,} YAML nodes (limit {MAX_NODES:,}); refusing")
 
 
 def _line(e: yaml.YAMLError) -> str:

@@ -70,8 +70,8 @@ def import_ref(ref: str, field_path: str) -> Any:
         raise SpecError(f"{field_path}: {ref!r} is not of the form 'module:function'")
     try:
         return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise SpecError(f"{field_path}: cannot import {ref!r}: {e}") from None
+    except Exception as e:  # user code: a SyntaxError or NameError on import is a spec problem too
+        raise SpecError(f"{field_path}: cannot import {ref!r}: {type(e).__name__}: {e}") from None
 
 
 def _coerce(rows: Iterable[Mapping[str, Any]], where: str) -> list[Example]:

@@ -6,17 +6,22 @@ What is covered (mode ``bwrap``):
   - no network: ``--unshare-all`` gives the code an empty network namespace (no loopback up);
   - new pid, ipc, uts, user and cgroup namespaces, so killing the sandbox kills every process
     it spawned; ``--die-with-parent`` ties it to this process;
+  - home folders (``hide_paths``: /root, /home) appear empty, so keys and tokens kept there
+    cannot be read; the interpreter's own folders under them stay visible, read-only;
   - rlimits on CPU seconds, address space, open files, file size and process count, and a
     wall-clock timeout that kills the whole process group;
+  - where cgroups can be created (root here; ``tools.cgroup``), a group per run bounds the
+    number of tasks (a fork bomb's forks fail) and the memory of all processes together, and
+    kills every process of the run at the end, even one that left the process group;
   - stdout/stderr are capped at ``max_output_bytes`` each; a flood kills the run;
   - the environment is replaced by a minimal one (no API keys leak in) and ``-I`` isolates
     the interpreter from ``PYTHON*`` variables and the user site folder.
 
 What is not covered:
   - secrets readable on the host filesystem stay readable (read-only, but visible);
-  - ``RLIMIT_NPROC`` is not enforced for root, so as root a fork bomb is bounded only by the
-    timeout, memory and the pid namespace being torn down;
-  - ``RLIMIT_AS`` limits virtual memory per process, not the sum over processes;
+  - without cgroups, ``RLIMIT_NPROC`` is not enforced for root, so as root a fork bomb is
+    bounded only by the timeout and the pid namespace being torn down, and ``RLIMIT_AS``
+    limits virtual memory per process, not the sum over processes;
   - kernel exploits: this is a namespace sandbox, not a VM.
 
 Mode ``rlimits-only`` runs the same interpreter without bubblewrap: rlimits, timeout, output
@@ -43,6 +48,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from evoagent.errors import SandboxError
+from evoagent.tools.cgroup import Cgroup
 
 SandboxStatus = Literal["ok", "error", "timeout", "memory", "output_limit", "killed"]
 
@@ -78,6 +84,11 @@ class SandboxConfig(BaseModel):
         (),
         description="extra host paths bound read-only (needed under /tmp, hidden by the tmpfs)",
     )
+    hide_paths: tuple[str, ...] = Field(
+        ("/root", "/home"),
+        description="host folders the code sees as empty (bwrap): home folders hold keys and "
+        "tokens; the interpreter's own folders stay visible",
+    )
 
 
 @dataclass(frozen=True)
@@ -96,10 +107,16 @@ class SandboxResult:
         return self.status == "ok"
 
 
-def check_sandbox(cfg: SandboxConfig) -> None:
-    """Raise SandboxError unless ``cfg.mode`` can run here (bwrap present and working)."""
+RLIMITS_ONLY_WARNING = (
+    "sandbox.mode is rlimits-only: generated code runs with limits but WITHOUT filesystem, "
+    "network or process isolation; use it only for code you trust"
+)
+
+
+def check_sandbox(cfg: SandboxConfig) -> str | None:
+    """Raise SandboxError unless ``cfg.mode`` can run here; return a warning for rlimits-only."""
     if cfg.mode != "bwrap":
-        return
+        return RLIMITS_ONLY_WARNING
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxError(_INSTALL_HINT)
@@ -115,6 +132,7 @@ def check_sandbox(cfg: SandboxConfig) -> None:
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip()
         raise SandboxError(f"{_INSTALL_HINT} (bwrap exited {proc.returncode}: {err})")
+    return None
 
 
 async def run_python(
@@ -157,25 +175,28 @@ def _write_files(scratch: Path, code: str, files: Mapping[str, str]) -> None:
         target.write_text(text, encoding="utf-8")
 
 
-def _interpreter_under_tmp() -> list[str]:
-    """Folders of this Python (a venv, its base) that the private /tmp would hide; kept read-only."""
-    tmp = Path("/tmp")
+def _interpreter_under(hidden: list[Path]) -> list[str]:
+    """Folders of this Python (a venv, its base) that a hidden folder would cover; kept read-only."""
     roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent}
-    return sorted(str(r) for r in roots if r.is_relative_to(tmp) and r != tmp)
+    return sorted(str(r) for r in roots if any(r.is_relative_to(h) and r != h for h in hidden))
 
 
 def _bwrap_args(scratch: Path, cfg: SandboxConfig) -> list[str]:
-    # Order matters: the tmpfs /tmp must exist before the scratch (usually under /tmp) is
-    # bound onto it; a bind target must lie in a writable mount, not the read-only root.
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for p in (*_interpreter_under_tmp(), *cfg.read_paths):
+    # Order matters: a tmpfs must exist before anything (the scratch, usually under /tmp; the
+    # interpreter, maybe under /root) is bound into it; a bind target must lie in a writable
+    # mount, not the read-only root.
+    hidden = [Path("/tmp"), *(Path(p) for p in cfg.hide_paths if Path(p).is_dir())]
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for h in hidden:
+        args += ["--tmpfs", str(h)]
+    for p in (*_interpreter_under(hidden), *cfg.read_paths):
         args += ["--ro-bind", p, p]
     args += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     args += ["--unshare-all", "--die-with-parent", "--new-session"]
     return args
 
 
-def _preexec(cfg: SandboxConfig) -> Callable[[], None]:
+def _preexec(cfg: SandboxConfig, group: Cgroup | None) -> Callable[[], None]:
     mib = 1024 * 1024
     limits = [
         (resource.RLIMIT_CPU, cfg.cpu_s, cfg.cpu_s + 1),
@@ -188,6 +209,8 @@ def _preexec(cfg: SandboxConfig) -> Callable[[], None]:
     def apply() -> None:
         for which, soft, hard in limits:
             resource.setrlimit(which, (soft, hard))
+        if group is not None:
+            group.enter()
 
     return apply
 
@@ -202,6 +225,21 @@ def _env(scratch: Path) -> dict[str, str]:
 
 
 async def _run(argv: list[str], scratch: Path, cfg: SandboxConfig, stdin: str) -> SandboxResult:
+    group = Cgroup.create(cfg.max_procs, cfg.memory_mb * 1024 * 1024)
+    try:
+        return await _run_in(argv, scratch, cfg, stdin, group)
+    finally:
+        if group is not None:
+            for _ in range(500):  # killed tasks leave the group within milliseconds
+                group.kill()
+                if group.remove():
+                    break
+                await asyncio.sleep(0.01)
+
+
+async def _run_in(
+    argv: list[str], scratch: Path, cfg: SandboxConfig, stdin: str, group: Cgroup | None
+) -> SandboxResult:
     start = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -211,7 +249,7 @@ async def _run(argv: list[str], scratch: Path, cfg: SandboxConfig, stdin: str) -
             stderr=asyncio.subprocess.PIPE,
             cwd=scratch,
             env=_env(scratch),
-            preexec_fn=_preexec(cfg),
+            preexec_fn=_preexec(cfg, group),
             start_new_session=True,
         )
     except OSError as exc:
@@ -222,6 +260,8 @@ async def _run(argv: list[str], scratch: Path, cfg: SandboxConfig, stdin: str) -
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if group is not None:
+            group.kill()
 
     overflow: list[str] = []
     out, err = bytearray(), bytearray()
@@ -269,7 +309,8 @@ async def _run(argv: list[str], scratch: Path, cfg: SandboxConfig, stdin: str) -
     seconds = time.monotonic() - start
     stdout = out.decode("utf-8", errors="replace")
     stderr = err.decode("utf-8", errors="replace")
-    status, reason = _classify(proc.returncode, stderr, cfg, seconds, timed_out, overflow)
+    oom = group is not None and group.oom_killed()
+    status, reason = _classify(proc.returncode, stderr, cfg, seconds, timed_out, overflow, oom)
     return SandboxResult(status, proc.returncode, stdout, stderr, seconds, reason)
 
 
@@ -291,9 +332,12 @@ def _classify(
     seconds: float,
     timed_out: bool,
     overflow: list[str],
+    oom: bool = False,
 ) -> tuple[SandboxStatus, str | None]:
     if overflow:
         return "output_limit", f"{overflow[0]} exceeded {cfg.max_output_bytes} bytes"
+    if oom:  # the group's limit killed a process: that was the binding limit, even if it hung on
+        return "memory", f"memory limit {cfg.memory_mb} MiB exceeded (all processes together)"
     if timed_out:
         return "timeout", f"wall clock exceeded {cfg.timeout_s:g}s"
     if any(m in stderr for m in _MEMORY_MARKERS):

@@ -89,3 +89,27 @@ def test_read_commands_give_one_line_errors_on_a_corrupt_archive(tmp_path):
     res = CliRunner().invoke(app, ["archive", "list", str(run)])
     assert res.exit_code == 2 and "not a readable evoagent archive" in res.output
     assert "Traceback" not in res.output
+
+
+def test_children_the_cascade_stopped_are_listed_with_their_minibatch_score(tmp_path):
+    G3 = G.replace_node(G.node("answer").model_copy(update={"temperature": 0.7}))
+    mini = lambda agent_id, score: EvalRecord(agent_id, "val", "minibatch", 0, score, 2, 5, 0.1, 1)  # noqa: E731
+    with Archive(tmp_path / "run") as a:
+        a.commit_generation(GenerationWrite(0, 0, [rec(G)], [ev(G.id, 0.25)], []))
+        a.commit_generation(GenerationWrite(
+            1, 0, [rec(G2, [G.id], 1, "param_search"), rec(G3, [G.id], 1, "param_search")],
+            [mini(G2.id, 0.0), mini(G3.id, 0.5), ev(G3.id, 0.4, 1)], []))
+        assert [(r.id, s) for r, s in a.stopped("val", 0)] == [(G2.id, 0.0)]
+        assert a.stopped("val", 1) == []
+
+
+def test_disk_full_at_commit_keeps_nothing_of_the_generation_and_says_resume(tmp_path):
+    with Archive(tmp_path / "run") as a:
+        a.commit_generation(GenerationWrite(0, 0, [rec(G)], [ev(G.id, 0.25)], []))
+        # SQLite reports a full disk as SQLITE_FULL; a tiny page limit makes it real.
+        a.db.execute("PRAGMA max_page_count = " + str(a.db.execute("PRAGMA page_count").fetchone()[0]))
+        big = Trajectory(agent_id=G2.id, input_id="e1", input="q" * 200_000, output="a", reward=1.0)
+        with pytest.raises(ArchiveError, match=r"cannot write generation 1 .*full.*--resume"):
+            a.commit_generation(GenerationWrite(1, 0, [rec(G2, [G.id], 1)], [ev(G2.id, 0.5, 1)],
+                                                [("val", big, 0)]))
+        assert a.last_generation() == (0, 0) and G2.id not in a.known_ids()

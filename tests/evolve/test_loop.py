@@ -23,6 +23,28 @@ def crash(parents, ctx):
     raise ZeroDivisionError("operator bug")
 
 
+@evoagent.mutation("test_cycle")
+def cycle(parents, ctx):
+    """A buggy structural operator: an edge back from the exit to the entry."""
+    from evoagent.graph.model import Edge
+
+    g = parents[0]
+    return g.model_copy(update={"edges": (*g.edges, Edge(src=g.exit, dst=g.entry))})
+
+
+@evoagent.mutation("test_empty_prompt")
+def empty_prompt(parents, ctx):
+    """What a mutator LLM that answers nothing would produce as a new template."""
+    g = parents[0]
+    return g.replace_node(g.node(g.exit).model_copy(update={"template": "  "}))
+
+
+@evoagent.mutation("test_garbage")
+def garbage(parents, ctx):
+    """An operator that passes the LLM's raw reply on instead of a graph."""
+    return "\x00\ufffd not a graph {input"
+
+
 SPEC = f"""
 name: loop
 seed: 3
@@ -94,3 +116,49 @@ def test_interrupt_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, sn
     _, resumed = run_search(tmp_path / "cut")
     assert resumed.best_id == ref.best_id and resumed.test == ref.test
     assert snapshot(tmp_path / "cut" / "pop" / "loop") == snapshot(tmp_path / "ref" / "pop" / "loop")
+
+
+def test_resume_refuses_a_changed_spec_but_lets_the_search_go_on_longer(tmp_path):
+    from evoagent import runner
+    from evoagent.errors import ArchiveError
+
+    spec, _ = run_search(tmp_path)
+    task = tmp_path / "task.yaml"
+    out = str(tmp_path / "pop")
+    task.write_text(SPEC.replace("children: 3", "children: 5"))
+    with pytest.raises(ArchiveError, match=r"evolve\.children: 3 -> 5.*only \['base_dir', 'evolve\.generations', 'output'\]"):
+        runner.prepare(task, output=out, resume=True)
+    task.write_text(SPEC.replace("generations: 3", "generations: 4"))
+    longer = runner.prepare(task, output=out, resume=True)
+    assert longer.evolve.generations == 4
+
+
+def test_operators_that_return_broken_graphs_are_archived_invalid_and_the_run_goes_on(tmp_path):
+    from evoagent.llm.scripted import ScriptedBackend
+
+    text = SPEC.replace(
+        "operators: [{name: insert_tool, weight: 3}, {name: bootstrap_demos}, {name: test_crash, weight: 2},\n"
+        "              {name: param_search}, {name: add_node}]",
+        "operators: [{name: test_cycle}, {name: test_empty_prompt}, {name: test_garbage}]",
+    )
+    assert text != SPEC
+    (tmp_path / "task.yaml").write_text(text)
+    spec = load_spec(tmp_path / "task.yaml").model_copy(update={"output": str(tmp_path / "pop")})
+    check_spec(spec)
+    policy = ScriptedBackend(handler=calculator_reader)
+    with Archive(spec.run_dir) as archive:
+        result = asyncio.run(Search(spec, policy, policy, archive).run())
+        reasons = [r.reason for r in archive.agents("invalid")]
+    assert result.generations == 3
+    assert any("graph has a cycle" in r or "cannot feed itself" in r for r in reasons), reasons
+    assert any("empty prompt template" in r for r in reasons)
+    assert any("returned str, not AgentGraph" in r for r in reasons)
+
+
+def test_a_crash_while_seeding_leaves_one_run_row(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run_search(tmp_path, InterruptAt("seed "))
+    spec, result = run_search(tmp_path)
+    with Archive(spec.run_dir, write=False) as a:
+        assert a.db.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+        assert [g["generation"] for g in a.generations()] == [0, 1, 2, 3]

@@ -13,10 +13,12 @@ from evoagent.errors import MutationError, SpecError
 from evoagent.evolve.operators import Feedback, MutationContext, get_operator, known_operators
 from evoagent.evolve.param_search import space
 from evoagent.evolve.selection import Candidate, get_selector
+from evoagent.execute.executor import ExecContext, execute
 from evoagent.graph import LLMNode, ToolNode, graph_from_dict, load_graph, validate
 from evoagent.llm.scripted import ScriptedBackend
 from evoagent.spec.config import SelectionConfig
-from evoagent.tools import known_tools
+from evoagent.tasks.datasets import Example
+from evoagent.tools import ToolContext, known_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 DIRECT = load_graph(ROOT / "graphs" / "direct.yaml")
@@ -37,8 +39,8 @@ def apply(name, parents, ctx):
 
 
 def test_builtins_are_registered():
-    assert {"reflective_rewrite", "bootstrap_demos", "insert_tool", "add_node", "remove_node",
-            "crossover", "param_search"} <= set(known_operators())
+    assert {"reflective_rewrite", "bootstrap_demos", "insert_tool", "delegate_to_tool", "add_node",
+            "remove_node", "crossover", "param_search"} <= set(known_operators())
 
 
 def test_insert_tool_feeds_the_tool_result_to_an_llm_node():
@@ -50,6 +52,41 @@ def test_insert_tool_feeds_the_tool_result_to_an_llm_node():
         apply("insert_tool", [child], mctx())
     with pytest.raises(MutationError, match="lists no tools"):
         apply("insert_tool", [DIRECT], mctx(tools=()))
+
+
+def _run(graph, reply: str, question: str = "Ana has 17 pens and buys 25 more. How many?"):
+    backend = ScriptedBackend(handler=lambda r: reply)
+    ctx = ExecContext(backend, ToolContext(), seed=0)
+    return asyncio.run(execute(graph, Example("q", question, "42"), ctx)), backend
+
+
+def test_delegate_to_tool_makes_the_model_write_the_expression_and_the_tool_answer():
+    child = apply("delegate_to_tool", [DIRECT], mctx())
+    assert child.exit == "calculator"
+    writer = child.node("answer")
+    assert "calculator" in writer.system and "12 * (3 + 4)" in writer.system
+    traj, backend = _run(child, "17 + 25")
+    assert traj.output == "42"
+    assert backend.requests[0].messages[-1]["content"].startswith("Ana has 17 pens")
+    with pytest.raises(MutationError, match="already feeds a tool"):
+        apply("delegate_to_tool", [child], mctx())
+
+
+def test_delegate_to_tool_mid_graph_sends_the_tool_result_to_the_consumers():
+    for seed in range(20):  # the target node is a seeded draw: take the first mid-graph one
+        ctx = mctx()
+        ctx = MutationContext(llm=ctx.llm, rng=random.Random(seed), task="t", tools=("calculator",))
+        child = apply("delegate_to_tool", [CRITIQUE], ctx)
+        writer = next(e.src for e in child.edges if e.dst == "calculator")
+        if writer == "draft":
+            break
+    consumers = {e.dst for e in child.edges if e.src == "calculator"}
+    assert writer != child.exit and consumers
+    for c in consumers:
+        assert "{calculator}" in child.node(c).template and "{" + writer + "}" not in child.node(c).template
+    traj, _ = _run(child, "17 + 25")
+    shown = [s.messages[-1]["content"] for s in traj.llm_steps if s.node in consumers]
+    assert shown and all("42" in m for m in shown)
 
 
 def test_reflective_rewrite_uses_the_mutators_words_and_shows_it_failures():
@@ -154,3 +191,11 @@ def test_dgm_prefers_good_agents_with_few_children():
     picks = [get_selector("dgm")(pool, 1, 0, 1, random.Random(s), SelectionConfig())[0][0].id
              for s in range(200)]
     assert picks.count(pool[1].id) > picks.count(pool[0].id) > picks.count(pool[2].id)
+
+
+def test_a_plugin_cannot_take_a_builtin_operators_name():
+    import evoagent
+
+    with pytest.raises(SpecError, match="operator 'insert_tool' is already registered"):
+        evoagent.mutation("insert_tool")(lambda parents, ctx: parents[0])
+    assert get_operator("insert_tool").fn.__module__ == "evoagent.evolve.structure_ops"

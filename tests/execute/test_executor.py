@@ -127,18 +127,57 @@ def register_tool_once(name, fn):
         register_tool(FunctionTool(name, fn))
 
 
-def test_execution_timeout_and_handler_garbage_are_data():
-    g = graph([{"kind": "llm", "id": "a"}])
+def test_execution_timeout_counts_the_agents_own_work_not_the_model():
+    async def slow_tool(arg: str) -> str:
+        await asyncio.sleep(0.6)
+        return arg
 
-    def slow(r):
+    def slow_model(r):
         import time
 
-        time.sleep(0.5)
+        time.sleep(0.3)  # a busy model: queueing behind other executions' batches
         return "x"
 
-    t = asyncio.run(execute(g, EX, ctx(slow, timeout_s=0.1)))
-    assert "timed out" in t.error
-    t = asyncio.run(execute(g, EX, ctx(lambda r: "\x00\ufffd garbage {input} }{")))
+    register_tool_once("test_slow", slow_tool)
+    tool_graph = graph([{"kind": "tool", "id": "t", "tool": "test_slow", "template": "{input}"}])
+    t = asyncio.run(execute(tool_graph, EX, ctx(lambda r: "x", timeout_s=0.2, tool_timeout_s=5)))
+    assert "timed out after 0.2s" in t.error
+    chain = graph([{"kind": "llm", "id": "a"}, {"kind": "llm", "id": "b", "template": "{a}"}],
+                  [{"src": "a", "dst": "b"}])
+    t = asyncio.run(execute(chain, EX, ctx(slow_model, timeout_s=0.2)))
+    assert t.error is None and t.output == "x" and t.seconds >= 0.6
+
+
+def test_concurrency_is_bounded_across_evaluate_calls():
+    import threading
+
+    live, peak, lock = [0], [0], threading.Lock()
+
+    def model(r):
+        import time
+
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+        return "1"
+
+    c = ctx(model, concurrency=3)
+    g = graph([{"kind": "llm", "id": "a"}])
+    exs = [Example(str(i), f"{i} + 1", str(i + 1)) for i in range(5)]
+
+    async def two_at_once():
+        return await asyncio.gather(*(evaluate(g, exs, c, RewardConfig()) for _ in range(3)))
+
+    evs = asyncio.run(two_at_once())
+    assert [e.n for e in evs] == [5, 5, 5] and peak[0] == 3
+
+
+def test_handler_garbage_is_data():
+    t = asyncio.run(execute(graph([{"kind": "llm", "id": "a"}]), EX,
+                            ctx(lambda r: "\x00\ufffd garbage {input} }{")))
     assert t.error is None and "garbage" in t.output
 
 

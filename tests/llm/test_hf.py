@@ -80,3 +80,15 @@ def test_budget_and_context_limits(tiny_backend):
     assert len(g.prompt_ids) <= 64 - 5
     assert len(g.completion_ids) <= 5
     assert g.finish_reason in ("stop", "length")
+
+
+def test_a_call_over_the_token_budget_is_decoded_in_parts_with_the_same_results(tiny_backend):
+    requests = [req("x" * n, max_tokens=6, temperature=0.9, seed=n) for n in (3, 40, 12, 25, 7)]
+    whole = asyncio.run(tiny_backend(cache=False).generate(requests))
+    parted = tiny_backend(cache=False, max_batch_tokens=60)
+    calls = []
+    decode = parted._decode
+    parted._decode = lambda rs, ps: calls.append(len(rs)) or decode(rs, ps)
+    got = asyncio.run(parted.generate(requests))
+    assert len(calls) > 1 and sum(calls) == len(requests)
+    assert [g.completion_ids for g in got] == [g.completion_ids for g in whole]

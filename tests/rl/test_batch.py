@@ -131,6 +131,25 @@ def test_token_logprobs_alignment(make_model):
     torch.testing.assert_close(got[0, 1:], want)
 
 
+def test_token_logprobs_of_wanted_tokens_only_equal_the_full_ones(make_model, step):
+    """The LM head runs on the loss tokens only; their logprobs (and gradients) are unchanged."""
+    model = make_model()
+    steps = [step([3, 4, 5, 9, 9], [6, 7]), step([3], [8, 9, 10])]
+    batch = build_batch(steps, [1.0, -1.0], pad_id=PAD)
+    full = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    some = token_logprobs(model, batch.input_ids, batch.attention_mask, wanted=batch.loss_mask)
+    wanted = batch.loss_mask.bool()
+    torch.testing.assert_close(some[wanted], full[wanted])
+    assert torch.all(some[~wanted] == 0)
+    grads = []
+    for logp in (full, some):
+        model.zero_grad()
+        (logp * batch.loss_mask).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 # ------------------------------------------------------------------ episode_advantages
 
 
@@ -239,3 +258,16 @@ def test_config_sub_configs():
     assert (ac.gamma, ac.omega, ac.gigpo_norm) == (0.5, 2.0, "mean")
     assert RLConfig(algorithm="rft").policy_loss == "sft"
     assert RLConfig().policy_loss == "clip"
+
+
+def test_split_tokens_bounds_each_micro_batch_and_keeps_every_row(step):
+    steps = [step([1] * n, [2, 3]) for n in (30, 3, 12, 5, 60, 8)]
+    batch = build_batch(steps, [0.5] * 6, pad_id=PAD).by_length()
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    assert lengths == sorted(lengths)
+    parts = batch.split_tokens(40)
+    assert sum(p.rows for p in parts) == 6 and sum(p.tokens for p in parts) == batch.tokens
+    for p in parts:
+        assert p.rows == 1 or p.rows * p.input_ids.shape[1] <= 40
+    assert parts[-1].rows == 1 and parts[-1].input_ids.shape[1] == 62  # one row over budget
+    assert len(batch.split_tokens(10_000, at_least=3)) == 3

@@ -27,8 +27,8 @@ def parity(answer: str, example) -> float:
 
 
 def phase(backend, tmp_path, **cfg) -> RLPhase:
-    cfg = RLConfig(enabled=True, group_size=4, inputs_per_step=2, steps=2, lr=5e-2,
-                   dynamic_sampling=False, **cfg)
+    cfg.setdefault("dynamic_sampling", False)
+    cfg = RLConfig(enabled=True, group_size=4, inputs_per_step=2, steps=2, lr=5e-2, **cfg)
     ctx = ExecContext(backend, ToolContext(), seed=0)
     reward = RewardConfig(kind="python", ref=f"{__name__}:parity", extract="raw")
     return RLPhase(cfg, backend, ctx, reward, tmp_path, seed=0)
@@ -61,3 +61,42 @@ def test_rft_trains_only_on_successes(tiny_backend, tmp_path):
     train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
     _, metrics = asyncio.run(phase(backend, tmp_path, algorithm="rft").train([GRAPH], train, 1))
     assert metrics["steps_trained"] >= 1
+
+
+def nothing(answer: str, example) -> float:
+    return 0.0
+
+
+def test_a_model_that_scores_nothing_trains_nothing_and_stays_finite(tiny_backend, tmp_path):
+    """All-equal rewards give no gradient: every step is skipped (counted), no NaN appears."""
+    import torch
+
+    backend = tiny_backend()
+    rl = phase(backend, tmp_path, dynamic_sampling=True)
+    rl.reward = RewardConfig(kind="python", ref=f"{__name__}:nothing", extract="raw")
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
+    _, metrics = asyncio.run(rl.train([GRAPH], train, generation=2))
+    assert metrics["steps_trained"] == 0 and metrics["reward_mean"] == 0.0
+    assert all(torch.isfinite(p).all() for p in backend.model.parameters())
+
+
+def test_disk_full_while_writing_a_checkpoint_is_a_clear_error_and_leaves_no_file(
+    tiny_backend, tmp_path, monkeypatch
+):
+    import errno
+
+    import pytest
+    import torch
+
+    from evoagent.errors import RLError
+
+    def full(obj, f, *a, **k):
+        Path(f).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    rl = phase(tiny_backend(), tmp_path)
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(RLError, match=r"No space left on device.*--resume"):
+        asyncio.run(rl.train([GRAPH], train, generation=2))
+    assert list((tmp_path / "checkpoints").iterdir()) == []

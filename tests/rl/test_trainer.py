@@ -81,11 +81,12 @@ def test_rft_sft_loss_raises_logprob(make_model, step):
     assert _completion_logp(model, batch, 0) > before + 0.1
 
 
-def test_grad_accum_matches_one_big_batch(make_model, step):
+@pytest.mark.parametrize("split", [{"grad_accum": 3}, {"micro_batch_tokens": 10}])
+def test_micro_batches_match_one_big_batch(make_model, step, split):
     for agg in ("token_mean", "seq_mean_token_mean", "seq_sum_norm"):
         params = []
-        for accum in (1, 3):
-            cfg = RLConfig(lr=1e-3, lora_rank=4, grad_accum=accum, loss_agg=agg, max_grad_norm=1e9)
+        for kw in ({}, split):
+            cfg = RLConfig(lr=1e-3, lora_rank=4, loss_agg=agg, max_grad_norm=1e9, **kw)
             model = attach_lora(make_model(), cfg)
             trainer = Trainer(model, cfg, pad_id=PAD, seed=0)
             m = trainer.train_step(_batch(step))

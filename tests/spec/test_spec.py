@@ -116,3 +116,9 @@ def test_rl_misconfiguration_fails_at_spec_time(tmp_path):
     scripted = GOOD + "rl: {enabled: true}\npolicy: {kind: scripted}\n"
     with pytest.raises(SpecError, match=r"rl\.enabled: policy\.kind 'scripted' cannot be trained"):
         check_spec(load_spec(write(tmp_path, scripted)))
+
+
+def test_only_a_backend_registered_as_trainable_passes_the_rl_check():
+    from evoagent.llm.backend import backend_entry, known_backends
+
+    assert {k for k in known_backends() if backend_entry(k).trainable} == {"hf"}
