@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import difflib
+import json
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Column, Table
 
 from evoagent.archive.store import Archive
@@ -62,6 +63,22 @@ def run(
     )
 
 
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="the run folder, e.g. populations/<name>"),
+    out: Path | None = typer.Option(None, "-o", "--out", help="HTML file (default: RUN/report.html)"),
+    top: int = typer.Option(5, help="how many of the best agents to draw and compare"),
+) -> None:
+    """Write one self-contained HTML report of the run (opens offline in any browser)."""
+    from evoagent.report import write_report
+
+    try:
+        path = write_report(run_dir, out, top)
+    except EvoagentError as e:
+        _fail(e)
+    console.print(f"wrote {path}")
+
+
 def _open(run_dir: Path) -> Archive:
     try:
         return Archive(run_dir, write=False)
@@ -70,88 +87,206 @@ def _open(run_dir: Path) -> Archive:
         raise
 
 
+def _json(data: object) -> None:
+    """Machine-readable output: one JSON document on stdout, nothing else."""
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _score(score: float | None, stage: str | None) -> str:
+    if score is None:
+        return "-"
+    return f"{score:.3f}" + (" (mb)" if stage == "minibatch" else "")
+
+
+RUN = typer.Argument(..., help="the run folder, e.g. populations/<name>")
+AS_JSON = typer.Option(False, "--json", help="print JSON instead of a table")
+
+
 @archive_app.command("list")
-def list_(run_dir: Path = typer.Argument(..., help="populations/<run>")) -> None:
-    """Every variant: id, generation, island, operator, parents, status, val score."""
+def list_(
+    run_dir: Path = RUN,
+    sort: str = typer.Option("score", help="score | generation | id"),
+    top: int | None = typer.Option(None, help="only the first N rows"),
+    status: str | None = typer.Option(None, help="ok | invalid | crashed"),
+    island: int | None = typer.Option(None, help="only this island"),
+    generation: int | None = typer.Option(None, help="only agents made in this generation"),
+    weights_version: int | None = typer.Option(None, "--weights-version",
+                                               help="score under this version (default: newest)"),
+    as_json: bool = AS_JSON,
+) -> None:
+    """Variants with their val score: id, generation, island, operator, parents, status."""
+    from evoagent.archive.views import ListFilter, list_agents
+
+    if sort not in ("score", "generation", "id"):
+        _fail(EvoagentError(f"--sort: unknown order {sort!r}; known: ['generation', 'id', 'score']"))
     with _open(run_dir) as a:
-        table = Table("gen", "island", "operator", "parents", "status", "val", "weights")
-        table.columns.insert(0, Column("id", no_wrap=True, min_width=12))  # ids are what users copy
-        for r in a.agents():
-            evals = [e for e in a.evaluations(r.id) if e.split == "val"]
-            last = evals[-1] if evals else None
-            val = f"{last.score:.3f}{'' if last.stage == 'full' else ' (mb)'}" if last else "-"
-            table.add_row(r.id, str(r.generation), str(r.island), r.operator,
-                          ",".join(r.parents) or "-", r.status if r.status == "ok" else
-                          f"{r.status}: {(r.reason or '')[:50]}", val,
-                          f"v{last.weights_version}" if last else "-")
-        console.print(table)
+        rows = list_agents(a, ListFilter(sort, top, status, island, generation, weights_version))  # type: ignore[arg-type]
+    if as_json:
+        _json([r.to_dict() for r in rows])
+        return
+    table = Table("gen", "island", "operator", "parents", "status", "val", "weights",
+                  title=f"{run_dir}: {len(rows)} agents")
+    table.columns.insert(0, Column("id", no_wrap=True, min_width=12))  # ids are what users copy
+    for r in rows:
+        state = r.status if r.status == "ok" else f"{r.status}: {(r.reason or '')[:50]}"
+        table.add_row(r.id, str(r.generation), str(r.island), r.operator,
+                      ",".join(p[:8] for p in r.parents) or "-", escape(state),
+                      _score(r.score, r.stage), f"v{r.weights_version}")
+    console.print(table)
 
 
 @archive_app.command()
-def show(run_dir: Path, agent_id: str) -> None:
-    """One variant's graph, provenance and evaluations."""
+def show(run_dir: Path = RUN, agent_id: str = typer.Argument(..., help="id or unique prefix"),
+         as_json: bool = AS_JSON) -> None:
+    """One variant: provenance, status and reason, every evaluation, cost, and its graph."""
+    from evoagent.archive.views import agent_detail
+
     with _open(run_dir) as a:
         try:
-            r = a.agent(agent_id)
+            d = agent_detail(a, agent_id)
         except EvoagentError as e:
             _fail(e)
-        console.print(f"[bold]{r.id}[/] gen {r.generation} island {r.island} via {r.operator} "
-                      f"from {list(r.parents)}: {r.status} {r.reason or ''}")
-        for e in a.evaluations(r.id):
-            console.print(f"  {e.split}/{e.stage} v{e.weights_version}: {e.score:.3f} "
-                          f"on {e.n} ({e.tokens} tokens, {e.seconds:.1f}s)")
-        if r.graph is not None:
-            console.print(dump_graph(r.graph), markup=False, highlight=False)
+    if as_json:
+        _json(d.to_dict())
+        return
+    r = d.record
+    console.print(f"[bold]{r.id}[/] gen {r.generation} island {r.island} via {r.operator} "
+                  f"from {list(r.parents) or '-'}; children {d.children or '-'}")
+    console.print(f"status: {r.status}" + (f" ({escape(r.reason)})" if r.reason else ""))
+    table = Table("split", "stage", "weights", "score", "n", "tokens", "seconds", "generation")
+    for e in d.evaluations:
+        table.add_row(e.split, e.stage, f"v{e.weights_version}", f"{e.score:.3f}", str(e.n),
+                      str(e.tokens), f"{e.seconds:.1f}", str(e.generation))
+    console.print(table)
+    console.print(f"cost: {d.cost['tokens']} tokens, {d.cost['seconds']:.1f} s")
+    if r.graph is not None:
+        console.print(dump_graph(r.graph), markup=False, highlight=False)
 
 
 @archive_app.command()
-def diff(run_dir: Path, a_id: str, b_id: str) -> None:
-    """Unified diff of two variants' graphs."""
+def diff(run_dir: Path = RUN, a_id: str = typer.Argument(..., help="the 'before' agent"),
+         b_id: str = typer.Argument(..., help="the 'after' agent"), as_json: bool = AS_JSON) -> None:
+    """What changed from A to B: nodes, edges, each changed field, prompts as unified diffs."""
+    from evoagent.archive.views import resolve_id
+    from evoagent.graph.diff import graph_diff
+
     with _open(run_dir) as a:
         try:
-            ga, gb = a.agent(a_id), a.agent(b_id)
+            ga, gb = a.agent(resolve_id(a, a_id)), a.agent(resolve_id(a, b_id))
         except EvoagentError as e:
             _fail(e)
-        lines = difflib.unified_diff(
-            dump_graph(ga.graph).splitlines() if ga.graph else [],
-            dump_graph(gb.graph).splitlines() if gb.graph else [],
-            ga.id, gb.id, lineterm="",
-        )
-        console.print("\n".join(lines) or "(identical)", markup=False, highlight=False)
+    if ga.graph is None or gb.graph is None:
+        _fail(EvoagentError(f"{(ga if ga.graph is None else gb).id} has no graph (it is {ga.status if ga.graph is None else gb.status})"))
+    d = graph_diff(ga.graph, gb.graph)  # type: ignore[arg-type]
+    if as_json:
+        _json({"a": ga.id, "b": gb.id, **d.to_dict()})
+        return
+    console.print(f"[bold]{ga.id}[/] -> [bold]{gb.id}[/] ({gb.operator})")
+    if d.empty:
+        console.print("(identical graphs)")
+    for n in d.nodes_added:
+        console.print(f"[green]+ node {n}[/]: {gb.graph.node(n).kind}")  # type: ignore[union-attr]
+    for n in d.nodes_removed:
+        console.print(f"[red]- node {n}[/]")
+    for e in d.edges_added:
+        console.print(f"[green]+ edge {e[0]} -> {e[1]}[/]")
+    for e in d.edges_removed:
+        console.print(f"[red]- edge {e[0]} -> {e[1]}[/]")
+    for c in d.ends + d.changes:
+        console.print(f"[yellow]~ {c.node}.{c.field}[/]:")
+        console.print(c.render(), markup=False, highlight=False)
 
 
 @archive_app.command()
-def lineage(run_dir: Path, agent_id: str) -> None:
-    """The variant and its ancestors back to the seeds."""
+def lineage(run_dir: Path = RUN, agent_id: str = typer.Argument(..., help="id or unique prefix"),
+            as_json: bool = AS_JSON) -> None:
+    """The variant's ancestors as a tree, each edge with its operator and the score change."""
+    from rich.tree import Tree
+
+    from evoagent.archive.views import lineage_edges, resolve_id
+
     with _open(run_dir) as a:
         try:
-            chain = a.lineage(agent_id)
+            root = resolve_id(a, agent_id)
+            edges = lineage_edges(a, root)
+            ops = {r.id: r.operator for r in map(a.agent, {root, *(e.parent for e in edges)})}
         except EvoagentError as e:
             _fail(e)
-        for r in chain:
-            best = max((e.score for e in a.evaluations(r.id) if e.split == "val" and e.stage == "full"),
-                       default=None)
-            score = f"{best:.3f}" if best is not None else "-"
-            console.print(f"{r.id}  gen {r.generation}  {r.operator:<20} val {score}  "
-                          f"parents {','.join(r.parents) or '-'}")
+    if as_json:
+        _json({"id": root, "edges": [e.__dict__ for e in edges]})
+        return
+    parents: dict[str, list] = {}
+    for e in edges:
+        parents.setdefault(e.child, []).append(e)
+    score = {e.child: e.child_score for e in edges} | {e.parent: e.parent_score for e in edges}
+    tree = Tree(f"[bold]{root}[/] val {_score(score.get(root), 'full')}")
+    shown: set[str] = set()
+
+    def grow(node: Tree, child: str) -> None:
+        for e in parents.get(child, []):
+            delta = ("" if e.child_score is None or e.parent_score is None
+                     else f" ({e.child_score - e.parent_score:+.3f})")
+            label = (f"{e.parent} val {_score(e.parent_score, 'full')} "
+                     f"--[{e.operator}{delta}]--> {e.child[:8]}  ({ops.get(e.parent, '?')})")
+            branch = node.add(escape(label))
+            if e.parent not in shown:
+                shown.add(e.parent)
+                grow(branch, e.parent)
+
+    grow(tree, root)
+    console.print(tree)
 
 
 @archive_app.command()
 def export(
-    run_dir: Path, agent_id: str,
-    out: Path | None = typer.Option(None, "-o", "--out", help="file to write (default: stdout)"),
+    run_dir: Path = RUN, agent_id: str = typer.Argument(..., help="id or unique prefix"),
+    out: Path = typer.Argument(..., help="folder to write the agent to"),
 ) -> None:
-    """Write a variant's graph as YAML, ready to be a seed in another task.yaml."""
+    """Write the agent to OUT: graph.yaml, its LoRA adapter (peft format), agent.json, run.py."""
+    from evoagent import replay
+
     with _open(run_dir) as a:
         try:
-            r = a.agent(agent_id)
+            agent = replay.archived_agent(a, agent_id)
+            written = replay.export(agent, out)
         except EvoagentError as e:
             _fail(e)
-        if r.graph is None:
-            _fail(EvoagentError(f"{r.id} has no graph ({r.status}: {r.reason})"))
-        text = dump_graph(r.graph.model_copy(update={"name": f"{r.operator}-{r.id}"}))
-        if out is None:
-            console.print(text, markup=False, highlight=False)
+    for p in written:
+        console.print(f"wrote {p}")
+    console.print(f"run it: python {out / 'run.py'} \"<your input>\"  (weights v{agent.weights_version})")
+
+
+@archive_app.command()
+def replay(
+    run_dir: Path = RUN, agent_id: str = typer.Argument(..., help="id or unique prefix"),
+    text: str = typer.Option(..., "--input", help="the input to run the agent on"),
+    as_json: bool = AS_JSON,
+) -> None:
+    """Run the agent once on --input with its own weights and print its trajectory, step by step."""
+    from evoagent import replay as rp
+
+    with _open(run_dir) as a:
+        try:
+            agent = rp.archived_agent(a, agent_id)
+        except EvoagentError as e:
+            _fail(e)
+    try:
+        traj = asyncio.run(rp.run_once(agent, text))
+    except EvoagentError as e:
+        _fail(e)
+    if as_json:
+        typer.echo(traj.to_json())
+        return
+    console.print(f"[bold]{agent.id}[/] (weights v{agent.weights_version}) on: {escape(text)}")
+    for i, step in enumerate(traj.steps, 1):
+        if step.kind == "llm":
+            console.print(f"[cyan]{i}. llm {step.node}[/] ({len(step.completion_ids)} tokens, "
+                          f"{step.finish_reason})")
+            console.print(Padding(escape(step.messages[-1]["content"]), (0, 0, 0, 4)), style="dim")
+            console.print(Padding(escape(step.text), (0, 0, 0, 4)))
         else:
-            out.write_text(text)
-            console.print(f"wrote {out}")
+            state = "ok" if step.ok else f"error: {step.error}"
+            console.print(f"[magenta]{i}. tool {step.node}[/] {step.tool}({escape(step.argument)!r}) "
+                          f"-> {escape(step.output)!r} [{escape(state)}]")
+    console.print(f"[bold]output:[/] {escape(traj.output)}"
+                  + (f"  [red]error: {escape(traj.error)}[/]" if traj.error else ""))

@@ -24,7 +24,7 @@ from evoagent.execute.trajectory import Trajectory
 from evoagent.graph.io import graph_from_dict
 from evoagent.graph.model import AgentGraph
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: the lineage table (v1 archives are upgraded when opened to write)
 DB_NAME = "archive.sqlite"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,11 +35,17 @@ CREATE TABLE IF NOT EXISTS agents (
     operator TEXT NOT NULL, generation INTEGER NOT NULL, island INTEGER NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('ok', 'invalid', 'crashed')), reason TEXT,
     created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS lineage (
+    child TEXT NOT NULL REFERENCES agents(id), parent TEXT NOT NULL, position INTEGER NOT NULL,
+    PRIMARY KEY (child, position));
+CREATE INDEX IF NOT EXISTS lineage_parent ON lineage(parent);
 CREATE TABLE IF NOT EXISTS evaluations (
     agent_id TEXT NOT NULL REFERENCES agents(id), split TEXT NOT NULL, stage TEXT NOT NULL,
     weights_version INTEGER NOT NULL, score REAL NOT NULL, n INTEGER NOT NULL,
     tokens INTEGER NOT NULL, seconds REAL NOT NULL, generation INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS eval_agent ON evaluations(agent_id, split, weights_version);
+CREATE INDEX IF NOT EXISTS eval_rank ON evaluations(split, weights_version, stage, score);
+CREATE INDEX IF NOT EXISTS agent_generation ON agents(generation);
 CREATE TABLE IF NOT EXISTS trajectories (
     agent_id TEXT NOT NULL REFERENCES agents(id), split TEXT NOT NULL,
     weights_version INTEGER NOT NULL, input_id TEXT NOT NULL, reward REAL, json TEXT NOT NULL);
@@ -104,7 +110,9 @@ class Archive:
             self._lock = _take_lock(self.run_dir / "archive.lock")
         elif not path.is_file():
             raise ArchiveError(f"no archive at {path}")
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        # A reader opens the file read-only: no read command can ever modify an archive.
+        target = str(path) if write else path.resolve().as_uri() + "?mode=ro"
+        self.db = sqlite3.connect(target, timeout=30, isolation_level=None, uri=not write)
         self.db.row_factory = sqlite3.Row
         try:
             if write:
@@ -121,10 +129,25 @@ class Archive:
             raise ArchiveError(f"{self.run_dir}: the archive has no schema version")
         if row is None:
             self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row["value"]) == 1 and write:
+            self._upgrade_from_v1()
+        elif int(row["value"]) == 1:
+            raise ArchiveError(
+                f"{self.run_dir}: archive schema v1, this evoagent reads v{SCHEMA_VERSION}; "
+                "resume the run once (evoagent run TASK --resume) to upgrade it"
+            )
         elif int(row["value"]) != SCHEMA_VERSION:
             raise ArchiveError(
                 f"{self.run_dir}: archive schema v{row['value']}, this evoagent reads v{SCHEMA_VERSION}"
             )
+
+    def _upgrade_from_v1(self) -> None:
+        """v1 kept parents only as JSON; v2 indexes them (``lineage``) for children and ancestry."""
+        self.db.execute("BEGIN IMMEDIATE")
+        self.db.execute("INSERT OR IGNORE INTO lineage SELECT a.id, j.value, j.key "
+                        "FROM agents a, json_each(a.parents_json) j")
+        self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        self.db.execute("COMMIT")
 
     def close(self) -> None:
         self.db.close()
@@ -173,6 +196,10 @@ class Archive:
                     ),
                 )
             self.db.executemany(
+                "INSERT OR IGNORE INTO lineage VALUES (?,?,?)",
+                [(a.id, p, i) for a in w.agents for i, p in enumerate(a.parents)],
+            )
+            self.db.executemany(
                 "INSERT INTO evaluations VALUES (?,?,?,?,?,?,?,?,?)",
                 [
                     (e.agent_id, e.split, e.stage, e.weights_version, e.score, e.n, e.tokens,
@@ -215,13 +242,20 @@ class Archive:
         ).fetchone()
         return (row["generation"], row["weights_version"]) if row else None
 
-    def agents(self, status: str | None = None) -> list[AgentRecord]:
-        q = "SELECT * FROM agents" + (" WHERE status = ?" if status else "") + " ORDER BY created, id"
-        return [_agent(r) for r in self.db.execute(q, (status,) if status else ())]
+    def agents(self, status: str | None = None, operator: str | None = None) -> list[AgentRecord]:
+        """Archived agents in write order, optionally of one status or operator."""
+        where = [(c, v) for c, v in (("status", status), ("operator", operator)) if v is not None]
+        q = "SELECT * FROM agents" + (" WHERE " + " AND ".join(f"{c} = ?" for c, _ in where) if where else "")
+        return [_agent(r) for r in self.db.execute(q + " ORDER BY created, id", [v for _, v in where])]
 
     def agent(self, agent_id: str) -> AgentRecord:
         """The agent whose id is ``agent_id`` or starts with it (unique prefix)."""
-        rows = self.db.execute("SELECT * FROM agents WHERE id LIKE ?", (agent_id + "%",)).fetchall()
+        rows = self.db.execute(  # a range on the primary key: an index seek, not a LIKE scan
+            "SELECT * FROM agents WHERE id >= ? AND id < ? ORDER BY id LIMIT 2",
+            (agent_id, agent_id + "\uffff"),
+        ).fetchall()
+        if len(rows) == 2 and rows[0]["id"] == agent_id:
+            rows = rows[:1]
         if len(rows) != 1:
             what = "no agent" if not rows else f"{len(rows)} agents"
             raise ArchiveError(f"{what} with id {agent_id!r} in {self.run_dir}")
@@ -240,19 +274,6 @@ class Archive:
         ).fetchone()
         return row["score"] if row else None
 
-    def scored(self, split: str, version: int) -> list[tuple[AgentRecord, float]]:
-        """Valid agents with a full score on ``split`` under ``version``, best first."""
-        rows = self.db.execute(
-            "SELECT a.*, e.score AS s FROM agents a JOIN evaluations e ON e.agent_id = a.id "
-            "WHERE a.status='ok' AND e.split=? AND e.weights_version=? AND e.stage='full' "
-            "ORDER BY e.score DESC, a.generation, a.id",
-            (split, version),
-        ).fetchall()
-        seen: dict[str, tuple[AgentRecord, float]] = {}
-        for r in rows:
-            seen.setdefault(r["id"], (_agent(r), r["s"]))
-        return list(seen.values())
-
     def stopped(self, split: str, version: int) -> list[tuple[AgentRecord, float]]:
         """Valid agents whose ``split`` evaluation under ``version`` ended at the minibatch."""
         rows = self.db.execute(
@@ -265,8 +286,15 @@ class Archive:
         return [(_agent(r), r["s"]) for r in rows]
 
     def best(self, split: str, version: int) -> tuple[AgentRecord, float] | None:
-        ranked = self.scored(split, version)
-        return ranked[0] if ranked else None
+        """The valid agent with the best full score on ``split`` under ``version`` (ties: the
+        older, then the smaller id), in one indexed query: it runs at every commit."""
+        row = self.db.execute(
+            "SELECT a.*, e.score AS s FROM evaluations e JOIN agents a ON a.id = e.agent_id "
+            "WHERE e.split=? AND e.weights_version=? AND e.stage='full' AND a.status='ok' "
+            "ORDER BY e.score DESC, a.generation, a.id LIMIT 1",
+            (split, version),
+        ).fetchone()
+        return (_agent(row), row["s"]) if row else None
 
     def trajectories(
         self, agent_id: str, split: str | None = None, version: int | None = None
@@ -280,23 +308,37 @@ class Archive:
         for r in self.db.execute(q + " ORDER BY rowid", args):
             yield Trajectory.from_json(r["json"])
 
-    def lineage(self, agent_id: str) -> list[AgentRecord]:
-        """The agent and its ancestors, breadth-first (parents before grandparents)."""
-        out, queue, seen = [], [self.agent(agent_id).id], set()
-        while queue:
-            a = self.agent(queue.pop(0))
-            if a.id in seen:
-                continue
-            seen.add(a.id)
-            out.append(a)
-            queue.extend(p for p in a.parents if p not in seen)
-        return out
-
     def generations(self) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM generations ORDER BY generation").fetchall()
 
     def checkpoints(self) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM rl_checkpoints ORDER BY weights_version").fetchall()
+
+    def candidates(self, split: str, version: int) -> list[tuple[str, float, int, int, int]]:
+        """(id, score, island, children, generation) of every valid agent with a full score on
+        ``split`` under ``version``: the selection pool, in one query (children counted once)."""
+        return [tuple(r) for r in self.db.execute(
+            "WITH kids AS (SELECT parent AS id, COUNT(*) AS n FROM lineage GROUP BY parent) "
+            "SELECT a.id, MAX(e.score), a.island, COALESCE(k.n, 0), a.generation FROM agents a "
+            "JOIN evaluations e ON e.agent_id = a.id LEFT JOIN kids k ON k.id = a.id "
+            "WHERE a.status = 'ok' AND e.split = ? AND e.weights_version = ? AND e.stage = 'full' "
+            "GROUP BY a.id",
+            (split, version),
+        )]
+
+    def graph(self, agent_id: str) -> AgentGraph:
+        """The graph of the agent with exactly this id (an ArchiveError if it has none)."""
+        row = self.db.execute("SELECT graph_json FROM agents WHERE id = ?", (agent_id,)).fetchone()
+        raw = json.loads(row["graph_json"]) if row else None
+        if raw is None:
+            raise ArchiveError(f"no graph for agent {agent_id!r} in {self.run_dir}")
+        return graph_from_dict(raw, f"archive agent {agent_id}")
+
+    def cost(self) -> tuple[int, int]:
+        """(agent executions, generated tokens) over every evaluation so far."""
+        row = self.db.execute("SELECT COALESCE(SUM(n), 0) AS n, COALESCE(SUM(tokens), 0) AS t "
+                              "FROM evaluations").fetchone()
+        return int(row["n"]), int(row["t"])
 
     def known_ids(self) -> set[str]:
         return {r["id"] for r in self.db.execute("SELECT id FROM agents")}

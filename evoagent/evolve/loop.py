@@ -15,13 +15,13 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
 from evoagent.errors import BackendError, EvoagentError, GraphError, MutationError, SandboxError
 from evoagent.evolve.cascade import cascade
 from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
-from evoagent.evolve.selection import Candidate, get_selector
+from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.evaluate import Evaluation, evaluate
 from evoagent.execute.executor import ExecContext, request_seed
 from evoagent.execute.trajectory import Trajectory
@@ -57,7 +57,7 @@ class RLHook(Protocol):
 
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int
-    ) -> tuple[str, dict[str, float]]: ...
+    ) -> tuple[str, dict[str, Any]]: ...
 
     def restore(self, path: str, version: int) -> None: ...
 
@@ -174,22 +174,15 @@ class Search:
         pending.add_eval(agent_id, split_, stage, ev)
         pending.trajectories.extend((split_, t, ev.weights_version) for t in ev.trajectories)
 
-    def _pool(self, version: int) -> list[Candidate]:
-        counts: dict[str, int] = {}
-        for a in self.archive.agents():
-            for p in a.parents:
-                counts[p] = counts.get(p, 0) + 1
-        return [
-            Candidate(a.id, a.graph, s, a.island, counts.get(a.id, 0), a.generation)
-            for a, s in self.archive.scored("val", version)
-            if a.graph is not None
-        ]
+    def _candidates(self, version: int) -> list[Candidate]:
+        """Every valid agent with a full val score under ``version`` (one SQL query, no graphs)."""
+        return [Candidate(*row) for row in self.archive.candidates("val", version)]
 
     async def _generation(self, gen: int, version: int) -> int:
         cfg = self.spec.evolve
         pending = _Pending(gen, version)
-        pool = self._pool(version)
-        if not pool:
+        pool = Pool(self._candidates(version))
+        if not len(pool):
             raise EvoagentError("no valid scored agent to evolve from (all seeds failed?)")
         known = self.archive.known_ids()
         rngs = [random.Random(request_seed(self.spec.seed, "child", gen, s)) for s in range(cfg.children)]
@@ -227,10 +220,19 @@ class Search:
         if self.rl is not None and self.spec.rl.enabled and gen % self.spec.rl.every == 0:
             checkpoint, version = await self._rl_phase(pending, gen, version)
         self.archive.commit_generation(pending.write(checkpoint))
+        self._progress(gen, version)
         return version
 
+    def _progress(self, gen: int, version: int) -> None:
+        """One line per committed generation: where the search stands and what it has cost."""
+        best = self.archive.best("val", version)
+        calls, tokens = self.archive.cost()
+        top = f"{best[1]:.3f} ({best[0].id})" if best else "-"
+        self.reporter.log(f"gen {gen}/{self.spec.evolve.generations} done: best val {top} "
+                          f"under weights v{version}; {calls} executions, {tokens} tokens so far")
+
     async def _child(
-        self, gen: int, slot: int, pool: list[Candidate], rng: random.Random, known: set[str]
+        self, gen: int, slot: int, pool: Pool, rng: random.Random, known: set[str]
     ) -> AgentRecord:
         """Build one child, redrawing operator and parents when the draw gave nothing new.
 
@@ -247,7 +249,7 @@ class Search:
                 break
         return rec
 
-    async def _draw_child(self, gen: int, slot: int, pool: list[Candidate], rng: random.Random) -> AgentRecord:
+    async def _draw_child(self, gen: int, slot: int, pool: Pool, rng: random.Random) -> AgentRecord:
         ops, weights = zip(*self.operators)
         op: Operator = rng.choices(ops, weights=weights, k=1)[0]
         parents, island = self.select(pool, op.parents, slot, gen, rng, self.spec.evolve.selection)
@@ -255,9 +257,9 @@ class Search:
         base = dict(parents=ids, operator=op.name, generation=gen, island=island)
         if len(parents) < op.parents:
             return _failed(gen, slot, base, "invalid", f"{op.name} needs {op.parents} parents")
-        ctx = self._mutation_context(parents[0], rng, [c for c in pool])
+        ctx = self._mutation_context(parents[0], rng, pool)
         try:
-            child = await op.apply([p.graph for p in parents], ctx)
+            child = await op.apply([self.archive.graph(p.id) for p in parents], ctx)
         except (MutationError, GraphError) as e:
             return _failed(gen, slot, base, "invalid", str(e))
         except (BackendError, SandboxError):
@@ -271,7 +273,7 @@ class Search:
             return AgentRecord(child.id, child, status="invalid", reason=str(e), **base)
         return AgentRecord(child.id, child, status="ok", reason=None, **base)
 
-    def _mutation_context(self, parent: Candidate, rng: random.Random, pool: list[Candidate]) -> MutationContext:
+    def _mutation_context(self, parent: Candidate, rng: random.Random, pool: Pool) -> MutationContext:
         cfg = self.spec.evolve
         version = self.policy.weights_version
         feedback = [self._feedback(t) for t in self.archive.trajectories(parent.id, "val", version)]
@@ -284,10 +286,16 @@ class Search:
             successes=tuple(f for f in feedback if f.reward >= 1.0),
             tools=self.spec.task.tools,
             max_demos=cfg.max_demos,
-            # Children stopped by the cascade are trials too: TPE learns where not to look.
-            history=tuple((c.graph, c.score) for c in pool)
-            + tuple((a.graph, s) for a, s in self.archive.stopped("val", version) if a.graph),
+            history=lambda: self._trials(pool, version),
         )
+
+    def _trials(self, pool: Pool, version: int) -> list[tuple[AgentGraph, float]]:
+        """(graph, score) of every scored agent; children stopped by the cascade are trials
+        too, with their minibatch score: TPE learns where not to look. Loaded only when an
+        operator asks (param_search), since it reads every graph."""
+        scored = [(self.archive.graph(c.id), c.score) for c in pool.candidates]
+        stopped = [(a.graph, s) for a, s in self.archive.stopped("val", version) if a.graph]
+        return scored + stopped
 
     def _feedback(self, t: Trajectory) -> Feedback:
         ex = self.by_id.get(t.input_id)
@@ -304,10 +312,11 @@ class Search:
         """Train on the elite's rollouts, bump the weights version, re-score the top agents."""
         assert self.rl is not None
         fresh = {e.agent_id: e.score for e in pending.evaluations if e.split == "val" and e.stage == "full"}
-        children = [Candidate(a.id, a.graph, fresh[a.id], a.island, 0, gen)
-                    for a in pending.agents if a.id in fresh and a.graph is not None]
-        pool = sorted(self._pool(version) + children, key=lambda c: (-c.score, c.generation, c.id))
-        elite = [c.graph for c in pool[: self.spec.rl.elite]]
+        graphs = {a.id: a.graph for a in pending.agents if a.id in fresh and a.graph is not None}
+        children = [Candidate(a, fresh[a], 0, 0, gen) for a in graphs]  # not yet committed
+        pool = sorted(self._candidates(version) + children, key=lambda c: (-c.score, c.generation, c.id))
+        graph = lambda c: graphs.get(c.id) or self.archive.graph(c.id)  # noqa: E731
+        elite = [graph(c) for c in pool[: self.spec.rl.elite]]
         self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
         path, metrics = await self.rl.train(elite, self.splits["train"], gen)
         version += 1
@@ -316,7 +325,7 @@ class Search:
         top = pool[: max(self.spec.rl.elite, self.spec.evolve.selection.islands * 2)]
         self.reporter.stage(f"gen {gen}: re-evaluate {len(top)} under weights v{version}",
                             len(top) * len(self.splits["val"]))
-        evs = await asyncio.gather(*(self._full(c.graph, self.splits["val"]) for c in top))
+        evs = await asyncio.gather(*(self._full(graph(c), self.splits["val"]) for c in top))
         for c, ev in zip(top, evs, strict=True):
             self._record(pending, c.id, "val", "full", ev)
             self.reporter.log(f"gen {gen}: {c.id} val {c.score:.3f} (v{version - 1}) -> {ev.score:.3f} (v{version})")
@@ -335,7 +344,7 @@ class Search:
             self._record(pending, agent.id, "test", "full", ev)
             self.archive.commit_generation(pending.write())
             test = ev.score
-        seeds = [self.archive.score(a.id, "val", 0) for a in self.archive.agents() if a.operator == "seed"]
+        seeds = [self.archive.score(a.id, "val", 0) for a in self.archive.agents(operator="seed")]
         return SearchResult(
             run_dir=self.archive.run_dir,
             best_id=agent.id,

@@ -54,8 +54,9 @@ class MutationContext:
         successes: the parent's fully successful executions (demo material).
         tools: names of tools the task allows operators to insert.
         max_demos: most few-shot demos ``bootstrap_demos`` may give a node.
-        history: (graph, val score) of archived agents under the current weights, those the
-            cascade stopped with their minibatch score (param search's trials).
+        history: call it for (graph, val score) of the archived agents under the current
+            weights, those the cascade stopped with their minibatch score (param search's
+            trials); a call, because it reads every graph of the archive.
     """
 
     llm: Backend
@@ -65,7 +66,7 @@ class MutationContext:
     successes: tuple[Feedback, ...] = ()
     tools: tuple[str, ...] = ()
     max_demos: int = 3
-    history: tuple[tuple[AgentGraph, float], ...] = field(default=(), repr=False)
+    history: Callable[[], Sequence[tuple[AgentGraph, float]]] = field(default=lambda: (), repr=False)
 
 
 @runtime_checkable

@@ -71,7 +71,7 @@ def param_search(parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGr
     sampler = optuna.samplers.TPESampler(seed=ctx.rng.getrandbits(31), n_startup_trials=4)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     shape = structure(graph)
-    for g, score in ctx.history:
+    for g, score in ctx.history():
         if structure(g) != shape:
             continue
         values = params(g, dists)

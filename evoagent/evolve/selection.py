@@ -2,7 +2,9 @@
 
 A selector is ``fn(pool, n, slot, generation, rng, cfg) -> (parents, island)``: pick ``n``
 parents for the child in ``slot`` of this generation and name the island the child joins. The
-pool is rebuilt from the archive every generation, so selection carries no state of its own.
+pool is rebuilt from the archive every generation (one SQL query), so selection carries no
+state of its own; a ``Pool`` draw costs O(distinct score levels), so it stays in milliseconds
+at 100,000 agents (``bench/archive_scale.py``).
 """
 
 from __future__ import annotations
@@ -14,56 +16,107 @@ from dataclasses import dataclass
 
 from evoagent.errors import SpecError
 from evoagent.registry import Registry
-from evoagent.graph.model import AgentGraph
 from evoagent.spec.config import SelectionConfig
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A valid archived agent with its val score under the current weights."""
+    """A valid archived agent with its val score under the current weights (no graph: the
+    loop loads graphs only for the parents drawn)."""
 
     id: str
-    graph: AgentGraph
     score: float
     island: int
     children: int
     generation: int
 
 
-Selector = Callable[
-    [Sequence[Candidate], int, int, int, random.Random, SelectionConfig], tuple[list[Candidate], int]
-]
+Weight = Callable[[float, int], float]  # (score, children) -> unnormalised draw weight
+
+
+class Pool:
+    """The candidates parents are drawn from, grouped so that a draw costs O(levels), not O(N).
+
+    Both built-in strategies weigh a candidate by its (score, number of children) only, and a
+    val score is a mean over a few dozen inputs, so a pool of 100,000 agents holds a few
+    hundred distinct levels: a draw picks a level by weight x size, then a member uniformly,
+    which is exactly the per-candidate weighted draw. Groupings are cached per island.
+    """
+
+    def __init__(self, candidates: Sequence[Candidate]) -> None:
+        self.candidates = sorted(candidates, key=lambda c: c.id)
+        groups: dict[int | None, dict[tuple[float, int], list[Candidate]]] = {None: {}}
+        for c in self.candidates:  # one pass: the whole pool and each island
+            key = (c.score, c.children)
+            groups[None].setdefault(key, []).append(c)
+            groups.setdefault(c.island, {}).setdefault(key, []).append(c)
+        self._groups = {i: dict(sorted(g.items())) for i, g in groups.items()}
+        self._best = max(self.candidates, key=lambda c: (c.score, -c.generation), default=None)
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def groups(self, island: int | None) -> dict[tuple[float, int], list[Candidate]]:
+        """(score, children) -> members, of one island (None: the whole pool)."""
+        return self._groups.get(island, {})
+
+    def draw(self, island: int | None, weight: Weight, rng: random.Random,
+             exclude: frozenset[str] = frozenset()) -> Candidate | None:
+        """One candidate with probability proportional to ``weight``; None if none is left."""
+        levels = [(key, [c for c in members if c.id not in exclude] if exclude else members)
+                  for key, members in self.groups(island).items()]
+        levels = [(key, members) for key, members in levels if members]
+        if not levels:
+            return None
+        weights = [weight(*key) * len(members) for key, members in levels]
+        if sum(weights) <= 0:
+            weights = [float(len(members)) for _, members in levels]
+        _, members = rng.choices(levels, weights=weights, k=1)[0]
+        return rng.choice(members)
+
+    def top(self, island: int | None = None) -> float:
+        """The best score of an island (or of the pool); -1 for an empty island."""
+        return max((key[0] for key in self.groups(island)), default=-1.0)
+
+    def best(self) -> Candidate:
+        """The best candidate, the oldest first among equals (FunSearch's migration source)."""
+        if self._best is None:
+            raise ValueError("an empty pool has no best candidate")
+        return self._best
+
+    def median(self) -> float:
+        """The median score, counted over levels."""
+        counts = [(key[0], len(m)) for key, m in self.groups(None).items()]
+        counts.sort()
+        half, seen = len(self.candidates) // 2, 0
+        for score, n in counts:
+            seen += n
+            if seen > half:
+                return score
+        return counts[-1][0]
+
+
+Selector = Callable[[Pool, int, int, int, random.Random, SelectionConfig], tuple[list[Candidate], int]]
 _REGISTRY: Registry[Selector] = Registry("selector", SpecError, field="evolve.selection.kind")
 selector = _REGISTRY.register  # ``@selector("name")``: register a parent-selection strategy
 known_selectors = _REGISTRY.names
 get_selector = _REGISTRY.get
 
 
-def _softmax_pick(pool: Sequence[Candidate], weights: Sequence[float], rng: random.Random) -> Candidate:
-    return rng.choices(list(pool), weights=list(weights), k=1)[0]
-
-
-def _boltzmann(pool: Sequence[Candidate], temperature: float) -> list[float]:
-    top = max(c.score for c in pool)
-    return [math.exp((c.score - top) / temperature) for c in pool]
-
-
-def _others(pool: Sequence[Candidate], first: Candidate, n: int, rng: random.Random,
-            weights: Callable[[Sequence[Candidate]], list[float]]) -> list[Candidate]:
-    """``first`` plus ``n - 1`` distinct further parents drawn from the rest of the pool."""
+def _with_others(pool: Pool, first: Candidate, n: int, weight: Weight, rng: random.Random) -> list[Candidate]:
+    """``first`` plus ``n - 1`` distinct further parents drawn from the whole pool."""
     chosen = [first]
-    rest = [c for c in pool if c.id != first.id]
-    while len(chosen) < n and rest:
-        c = _softmax_pick(rest, weights(rest), rng)
+    while len(chosen) < n:
+        c = pool.draw(None, weight, rng, exclude=frozenset(p.id for p in chosen))
+        if c is None:
+            break
         chosen.append(c)
-        rest = [r for r in rest if r.id != c.id]
     return chosen
 
 
 @selector("islands")
 def islands(
-    pool: Sequence[Candidate], n: int, slot: int, generation: int, rng: random.Random,
-    cfg: SelectionConfig,
+    pool: Pool, n: int, slot: int, generation: int, rng: random.Random, cfg: SelectionConfig,
 ) -> tuple[list[Candidate], int]:
     """FunSearch islands: child ``slot`` evolves island ``slot % islands`` by Boltzmann choice.
 
@@ -71,27 +124,30 @@ def islands(
     (FunSearch resets its worst islands with the best programs of others).
     """
     island = slot % cfg.islands
-    members = [c for c in pool if c.island == island] or list(pool)
-    if generation % cfg.migrate_every == 0 and cfg.islands > 1:
-        best = {i: max((c.score for c in pool if c.island == i), default=-1.0) for i in range(cfg.islands)}
-        if island == min(best, key=lambda i: (best[i], i)):
-            members = [max(pool, key=lambda c: (c.score, -c.generation))]
-    weights = lambda cs: _boltzmann(cs, cfg.temperature)  # noqa: E731
-    first = _softmax_pick(members, weights(members), rng)
-    return _others(pool, first, n, rng, weights), island
+    scope = island if pool.groups(island) else None  # an empty island draws from everyone
+    top = pool.top(scope)
+
+    def weight(score: float, children: int) -> float:
+        return math.exp((score - top) / cfg.temperature)
+
+    weakest = min(range(cfg.islands), key=lambda i: (pool.top(i), i))
+    if generation % cfg.migrate_every == 0 and cfg.islands > 1 and island == weakest:
+        first = pool.best()
+    else:
+        first = pool.draw(scope, weight, rng)  # type: ignore[assignment]
+    return _with_others(pool, first, n, weight, rng), island
 
 
 @selector("dgm")
 def dgm(
-    pool: Sequence[Candidate], n: int, slot: int, generation: int, rng: random.Random,
-    cfg: SelectionConfig,
+    pool: Pool, n: int, slot: int, generation: int, rng: random.Random, cfg: SelectionConfig,
 ) -> tuple[list[Candidate], int]:
     """Darwin Gödel Machine: p ∝ sigmoid(λ(score - median)) / (1 + children); open-ended."""
-    scores = sorted(c.score for c in pool)
-    median = scores[len(scores) // 2]
+    median = pool.median()
 
-    def weights(cs: Sequence[Candidate]) -> list[float]:
-        return [1 / (1 + math.exp(-10 * (c.score - median))) / (1 + c.children) for c in cs]
+    def weight(score: float, children: int) -> float:
+        return 1 / (1 + math.exp(-10 * (score - median))) / (1 + children)
 
-    first = _softmax_pick(pool, weights(pool), rng)
-    return _others(pool, first, n, rng, weights), first.island
+    first = pool.draw(None, weight, rng)
+    assert first is not None  # the loop never selects from an empty pool
+    return _with_others(pool, first, n, weight, rng), first.island

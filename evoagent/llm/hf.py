@@ -31,6 +31,7 @@ from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache
 from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
 from evoagent.llm.types import Generation, GenerationRequest, Message
+from evoagent.memory import release_memory
 from evoagent.spec.config import BackendConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -155,6 +156,7 @@ class HFBackend:
                 part = []
             part.append(i)
         flush()
+        release_memory()  # the KV caches and prefill activations of this call are garbage now
         return [out[i] for i in range(len(requests))]
 
     @torch.no_grad()

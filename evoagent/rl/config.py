@@ -51,9 +51,9 @@ class RLConfig(BaseModel):
     full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
     grad_accum: int = Field(1, ge=1, description="least micro-batches per optimizer step")
     micro_batch_tokens: int = Field(
-        8192, ge=1,
+        2048, ge=1,
         description="most padded tokens (rows x width) per forward/backward; a larger batch is "
-        "split and its gradients accumulated exactly",
+        "split and its gradients accumulated exactly (about 0.5 MB of activations per token)",
     )
     gradient_checkpointing: bool = Field(
         True, description="recompute layer activations in backward (TRL's default): long "

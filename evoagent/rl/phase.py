@@ -15,6 +15,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,12 +66,14 @@ class RLPhase:
 
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int
-    ) -> tuple[str, dict[str, float]]:
-        """Run ``rl.steps`` on-policy steps; return the checkpoint path and mean metrics."""
+    ) -> tuple[str, dict[str, Any]]:
+        """Run ``rl.steps`` on-policy steps; return the checkpoint path and metrics (means over
+        the phase, and each step's under ``"per_step"``)."""
         if not train:
             raise SpecError("rl.enabled: task.splits.train is 0, so there is nothing to train on")
         trainer = self._trainer()
         totals: dict[str, float] = {}
+        per_step: list[dict[str, float]] = []
         trained = 0
         for step in range(self.cfg.steps):
             rng = random.Random(request_seed(self.seed, "rl", generation, step))
@@ -80,7 +83,10 @@ class RLPhase:
                 (g, ex, first + k) for g in elite for ex in inputs for k in range(self.cfg.group_size)
             ], self.ctx, self.reward)
             rewards = [t.reward or 0.0 for t in trajs]
-            totals["reward_mean"] = totals.get("reward_mean", 0.0) + sum(rewards) / len(rewards)
+            reward_mean = sum(rewards) / len(rewards)
+            accuracy = sum(r >= 1.0 for r in rewards) / len(rewards)
+            totals["reward_mean"] = totals.get("reward_mean", 0.0) + reward_mean
+            per_step.append({"step": float(step), "reward_mean": reward_mean, "accuracy": accuracy})
             steps, advs = episode_advantages(trajs, lambda t: (t.agent_id, t.input_id), self.cfg)
             if not steps:
                 continue  # every group had equal rewards: no gradient (DAPO dynamic sampling)
@@ -90,10 +96,14 @@ class RLPhase:
             except RLError as e:
                 raise RLError(f"RL step {step} of generation {generation}: {e}") from e
             trained += 1
+            per_step[-1].update(metrics)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
-        out = {k: v / max(trained if k != "reward_mean" else self.cfg.steps, 1) for k, v in totals.items()}
+        out: dict[str, Any] = {
+            k: v / max(trained if k != "reward_mean" else self.cfg.steps, 1) for k, v in totals.items()
+        }
         out["steps_trained"] = float(trained)
+        out["per_step"] = per_step  # the report's RL curves
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"gen{generation:03d}.pt"
         trainer.save_checkpoint(path)

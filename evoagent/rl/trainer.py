@@ -31,6 +31,7 @@ from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from torch import Tensor, nn
 
 from evoagent.errors import RLError
+from evoagent.memory import release_memory
 from evoagent.rl.batch import TokenBatch
 from evoagent.rl.config import RLConfig
 from evoagent.rl.losses import LossConfig, LossInputs, get_aggregation, get_policy_loss
@@ -106,6 +107,7 @@ class Trainer:
             raise RLError(f"non-finite loss {total} or grad norm {grad_norm}; step skipped")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        release_memory()
         self.step += 1
         metrics = {k: v / tokens for k, v in sums.items()}
         metrics.update(

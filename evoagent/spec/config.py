@@ -29,7 +29,7 @@ class BackendConfig(_Frozen):
     )
     max_batch: int = Field(32, ge=1, description="most requests in one generate call")
     max_batch_tokens: int = Field(
-        32768, ge=1,
+        16384, ge=1,
         description="most rows x (prompt width + token budget) decoded together; a larger call "
         "is decoded in length-sorted parts (bounds the KV cache and prefill memory)",
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from evoagent.archive import AgentRecord, Archive, EvalRecord, GenerationWrite
+from evoagent.archive.views import lineage_edges
 from evoagent.errors import ArchiveError
 from evoagent.execute.trajectory import Trajectory
 from evoagent.graph import load_graph
@@ -33,7 +34,8 @@ def test_generation_commit_and_queries(tmp_path):
                                             [ev(G2.id, 0.5, 1)], []))
         assert a.last_generation() == (1, 0)
         assert a.best("val", 0)[0].id == G2.id
-        assert [r.id for r in a.lineage(G2.id[:6])] == [G2.id, G.id]
+        assert [(e.child, e.parent) for e in lineage_edges(a, G2.id)] == [(G2.id, G.id)]
+        assert a.agent(G2.id[:6]).id == G2.id
         assert next(a.trajectories(G.id)).output == "a"
         assert a.agent(G2.id).graph == G2
     # a reader sees the same while nothing writes
@@ -113,3 +115,17 @@ def test_disk_full_at_commit_keeps_nothing_of_the_generation_and_says_resume(tmp
             a.commit_generation(GenerationWrite(1, 0, [rec(G2, [G.id], 1)], [ev(G2.id, 0.5, 1)],
                                                 [("val", big, 0)]))
         assert a.last_generation() == (0, 0) and G2.id not in a.known_ids()
+
+
+def test_a_v1_archive_is_upgraded_by_a_writer_and_refused_by_a_reader(tmp_path):
+    with Archive(tmp_path / "run") as a:
+        a.commit_generation(GenerationWrite(0, 0, [rec(G)], [ev(G.id, 0.25)], []))
+        a.commit_generation(GenerationWrite(1, 0, [rec(G2, [G.id], 1, "x")], [ev(G2.id, 0.5, 1)], []))
+        a.db.execute("DELETE FROM lineage")
+        a.db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    with pytest.raises(ArchiveError, match=r"schema v1.*--resume\) to upgrade it"):
+        Archive(tmp_path / "run", write=False)
+    with Archive(tmp_path / "run") as a:
+        assert [(e.child, e.parent) for e in lineage_edges(a, G2.id)] == [(G2.id, G.id)]
+    with Archive(tmp_path / "run", write=False) as r:
+        assert r.best("val", 0)[0].id == G2.id

@@ -217,7 +217,7 @@ def test_archive_reads_fail_cleanly_and_change_nothing(what, archive_run):
     elif what == "newer-schema":
         with sqlite3.connect(db) as c:
             c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
-        expect = r"archive schema v99, this evoagent reads v1"
+        expect = r"archive schema v99, this evoagent reads v2"
     before = db.read_bytes()
     result = CliRunner().invoke(app, ["archive", "show", str(archive_run), agent])
     out = " ".join(result.output.split())

@@ -162,3 +162,18 @@ def test_a_crash_while_seeding_leaves_one_run_row(tmp_path):
     with Archive(spec.run_dir, write=False) as a:
         assert a.db.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
         assert [g["generation"] for g in a.generations()] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("reply", ["", "9" * 5000])
+def test_a_model_that_says_nothing_or_never_stops_still_gives_a_finished_run(tmp_path, reply):
+    from evoagent.llm.scripted import ScriptedBackend
+
+    (tmp_path / "task.yaml").write_text(SPEC)
+    spec = load_spec(tmp_path / "task.yaml").model_copy(update={"output": str(tmp_path / "pop")})
+    check_spec(spec)
+    policy = ScriptedBackend(handler=lambda r: reply)  # cut at the node's max_tokens budget
+    with Archive(spec.run_dir) as archive:
+        result = asyncio.run(Search(spec, policy, policy, archive).run())
+        trajs = list(archive.trajectories(result.best_id, "val"))
+    assert result.generations == 3 and result.best_val == 0.0 and result.test == 0.0
+    assert trajs and all(t.reward == 0.0 for t in trajs)

@@ -12,7 +12,7 @@ import pytest
 from evoagent.errors import MutationError, SpecError
 from evoagent.evolve.operators import Feedback, MutationContext, get_operator, known_operators
 from evoagent.evolve.param_search import space
-from evoagent.evolve.selection import Candidate, get_selector
+from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.executor import ExecContext, execute
 from evoagent.graph import LLMNode, ToolNode, graph_from_dict, load_graph, validate
 from evoagent.llm.scripted import ScriptedBackend
@@ -138,10 +138,10 @@ def test_param_search_proposes_within_the_space_and_learns_from_history():
         (SC.replace_node(SC.node("reason").model_copy(update={"temperature": t})), s)
         for t, s in [(0.1, 0.9), (0.2, 0.8), (1.0, 0.1), (1.1, 0.0), (0.15, 0.85)]
     )
-    child = apply("param_search", [SC], mctx(history=hist))
+    child = apply("param_search", [SC], mctx(history=lambda: hist))
     node = child.node("reason")
     assert 0.0 <= node.temperature <= 1.2 and node.samples in (1, 3, 5)
-    again = apply("param_search", [SC], mctx(history=hist))
+    again = apply("param_search", [SC], mctx(history=lambda: hist))
     assert again.id == child.id  # seeded: the same context proposes the same child
 
 
@@ -171,26 +171,26 @@ def test_unknown_operator_lists_known():
 
 
 def cand(i, score, island=0, children=0):
-    g = DIRECT.replace_node(DIRECT.node("answer").model_copy(update={"max_tokens": 10 + i}))
-    return Candidate(g.id, g, score, island, children, 0)
+    return Candidate(f"agent{i}", score, island, children, 0)
 
 
 def test_islands_choose_within_the_island_and_migrate_the_best():
-    pool = [cand(0, 0.9, 0), cand(1, 0.1, 1), cand(2, 0.2, 1)]
+    cands = [cand(0, 0.9, 0), cand(1, 0.1, 1), cand(2, 0.2, 1)]
+    pool = Pool(cands)
     cfg = SelectionConfig(islands=2, temperature=0.05, migrate_every=3)
     parents, island = get_selector("islands")(pool, 1, 1, 1, random.Random(0), cfg)
     assert island == 1 and parents[0].island == 1
     parents, _ = get_selector("islands")(pool, 1, 1, 3, random.Random(0), cfg)  # migration gen
-    assert parents[0].id == pool[0].id
+    assert parents[0].id == cands[0].id
     two, _ = get_selector("islands")(pool, 2, 0, 1, random.Random(0), cfg)
     assert len({p.id for p in two}) == 2
 
 
 def test_dgm_prefers_good_agents_with_few_children():
-    pool = [cand(0, 0.8, children=20), cand(1, 0.8, children=0), cand(2, 0.0)]
-    picks = [get_selector("dgm")(pool, 1, 0, 1, random.Random(s), SelectionConfig())[0][0].id
+    cands = [cand(0, 0.8, children=20), cand(1, 0.8, children=0), cand(2, 0.0)]
+    picks = [get_selector("dgm")(Pool(cands), 1, 0, 1, random.Random(s), SelectionConfig())[0][0].id
              for s in range(200)]
-    assert picks.count(pool[1].id) > picks.count(pool[0].id) > picks.count(pool[2].id)
+    assert picks.count(cands[1].id) > picks.count(cands[0].id) > picks.count(cands[2].id)
 
 
 def test_a_plugin_cannot_take_a_builtin_operators_name():

@@ -52,13 +52,15 @@ def score(answer, example):
 KILLS = [
     (r'"name": "seeds"', 0.0),
     (r'"name": "seeds"', 0.4),
-    (r'"message": "seed ', 0.0),              # seeds scored, generation 0 not yet committed
-    (r'"message": "gen 1: ', 0.0),            # children built (mutation), being evaluated
-    (r'"name": "gen 1: evaluate', 0.2),
+    (r'"message": "seed ', 0.0),              # seeds scored, generation 0 about to commit
+    (r'"name": "gen 1: evaluate', 0.0),       # children just built (mutation), evaluation starts
+    (r'"name": "gen 1: evaluate', 0.3),
+    (r'"name": "gen 2: evaluate', 0.1),
     (r'"name": "gen 2: RL on', 0.0),          # RL rollouts
     (r'"name": "gen 2: RL on', 0.8),          # RL optimizer step
     (r'"name": "gen 2: re-evaluate', 0.0),    # checkpoint just written, generation uncommitted
     (r'"name": "gen 3: evaluate', 0.1),
+    (r'"name": "gen 4: evaluate', 0.1),
     (r'"name": "gen 4: RL on', 0.5),
     (r'"name": "test: best agent', 0.0),      # the final test evaluation
 ]
@@ -136,6 +138,8 @@ def test_sigkill_in_every_phase_then_resume_matches_an_uninterrupted_run(tmp_pat
 
 def test_ctrl_c_stops_cleanly_says_how_to_resume_and_one_writer_only(tmp_path, tiny_model_dir):
     write_task(tmp_path, tiny_model_dir)
+    task = tmp_path / "task.yaml"  # long enough that it is still running when we interrupt it
+    task.write_text(task.read_text().replace("generations: 4", "generations: 40"))
     log = tmp_path / "run.log"
     proc = start(tmp_path, "pop", log)
     assert wait_for(proc, log, r'"name": "gen 1: evaluate')

@@ -4,6 +4,7 @@ same archive an uninterrupted run produces."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -71,9 +72,18 @@ def test_run_inspect_and_resume_on_the_embedded_model(tmp_path):
         r = cli.invoke(app, ["archive", *args])
         assert r.exit_code == 0, r.output
         assert best_id[:8] in r.output or args[0] == "diff"
-    exported = tmp_path / "best.yaml"
-    assert cli.invoke(app, ["archive", "export", str(run_dir), best_id, "-o", str(exported)]).exit_code == 0
-    validate(load_graph(exported), known_tools())
+    exported = tmp_path / "best"
+    assert cli.invoke(app, ["archive", "export", str(run_dir), best_id, str(exported)]).exit_code == 0
+    validate(load_graph(exported / "graph.yaml"), known_tools())
+    assert (exported / "adapter" / "adapter_config.json").is_file()  # weights v1: a LoRA adapter
+    ran = subprocess.run([sys.executable, str(exported / "run.py"), "Calculate 12 + 30."],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr[-2000:]
+    replayed = cli.invoke(app, ["archive", "replay", str(run_dir), best_id, "--input", "Calculate 12 + 30.",
+                                "--json"])
+    assert replayed.exit_code == 0, replayed.output
+    steps = json.loads(replayed.stdout)["steps"]  # stdout is the JSON alone
+    assert {s["weights_version"] for s in steps if s["kind"] == "llm"} == {1}
     assert (run_dir / "best.yaml").is_file() and (run_dir / "result.json").is_file()
 
     again = cli.invoke(app, ["run", str(task), "--output", out])

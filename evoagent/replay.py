@@ -1,0 +1,175 @@
+"""Take an archived agent out of the search: run it once on an input (``archive replay``), or
+export it to a folder that runs on its own (``archive export``).
+
+An agent is a graph *and* the policy weights it was scored with: its weights version is the
+newest one under which it has a full val score, and that version's RL checkpoint (a LoRA
+adapter over the run's policy model) is loaded with it. The export writes the adapter in
+peft's own format (``adapter_config.json`` + ``adapter_model.safetensors``), so any peft user
+can load it, next to the graph YAML and a ``run.py`` that runs the agent with evoagent's
+executor and nothing of its search.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from evoagent.archive.store import Archive
+from evoagent.errors import ArchiveError, RLError
+from evoagent.execute.executor import ExecContext, execute
+from evoagent.execute.trajectory import Trajectory
+from evoagent.graph.io import dump_graph, load_graph
+from evoagent.graph.model import AgentGraph
+from evoagent.llm.backend import SupportsTraining, make_backend
+from evoagent.rl.config import RLConfig
+from evoagent.rl.policy import LORA_TARGETS
+from evoagent.spec.config import BackendConfig, RunSpec
+from evoagent.tasks.datasets import Example
+from evoagent.tools import SandboxConfig, ToolContext
+
+ADAPTER_DIR = "adapter"
+
+
+@dataclass(frozen=True)
+class ArchivedAgent:
+    """An agent with what it needs to run: its graph, the run's policy, sandbox and seed, and
+    the weights it was scored with (``checkpoint``: a trainer checkpoint, or None for v0)."""
+
+    id: str
+    graph: AgentGraph
+    policy: BackendConfig
+    sandbox: SandboxConfig
+    seed: int
+    rl: RLConfig
+    weights_version: int
+    checkpoint: Path | None = None
+
+
+def archived_agent(archive: Archive, agent_id: str) -> ArchivedAgent:
+    """Resolve ``agent_id`` (or a unique prefix) to a runnable agent of ``archive``."""
+    from evoagent.archive.views import resolve_id
+
+    rec = archive.agent(resolve_id(archive, agent_id))
+    if rec.graph is None:
+        raise ArchiveError(f"{rec.id} has no graph ({rec.status}: {rec.reason})")
+    stored = archive.run_spec()
+    if stored is None:
+        raise ArchiveError(f"{archive.run_dir} records no run spec")
+    spec = RunSpec.model_validate_json(stored)
+    scored = [e.weights_version for e in archive.evaluations(rec.id) if e.split == "val" and e.stage == "full"]
+    version = max(scored, default=0)
+    checkpoint = None
+    if version > 0:
+        rows = [r for r in archive.checkpoints() if r["weights_version"] == version]
+        if not rows:
+            raise ArchiveError(f"weights v{version} of {rec.id} has no checkpoint in {archive.run_dir}")
+        checkpoint = archive.run_dir / rows[0]["path"]
+    return ArchivedAgent(rec.id, rec.graph, spec.policy, spec.sandbox, spec.seed, spec.rl, version,
+                         checkpoint)
+
+
+def adapter_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The trainable weights of a trainer checkpoint (a peft LoRA state dict, or all weights)."""
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        return state["weights"]
+    except (OSError, RuntimeError, KeyError, TypeError) as e:
+        raise RLError(f"cannot read checkpoint {checkpoint}: {e}") from e
+
+
+def lora_config(rl: RLConfig) -> LoraConfig:
+    """The adapter's shape, as the trainer built it (``policy.attach_lora``)."""
+    return LoraConfig(r=rl.lora_rank, lora_alpha=rl.lora_alpha, lora_dropout=0.0,
+                      target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
+
+
+def _load_weights(model: nn.Module, weights: dict[str, torch.Tensor], rl: RLConfig) -> None:
+    """Put trained weights into the backend's model in place (LoRA injected, or all weights)."""
+    if rl.full_finetune:
+        model.load_state_dict(weights)
+    else:
+        set_peft_model_state_dict(get_peft_model(model, lora_config(rl)), weights)
+
+
+async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None) -> Trajectory:
+    """Run the agent on ``text`` with its own weights, greedy as it was scored.
+
+    The weights come from ``agent.checkpoint`` or, for an exported agent, from the peft-format
+    ``adapter`` folder that ``export`` wrote.
+    """
+    backend = make_backend(agent.policy)
+    try:
+        if agent.checkpoint is not None or adapter is not None:
+            if not isinstance(backend, SupportsTraining):
+                raise RLError(f"policy.kind {agent.policy.kind!r} cannot load trained weights")
+            weights = (adapter_weights(agent.checkpoint) if agent.checkpoint is not None
+                       else load_file(str(adapter / _WEIGHTS[agent.rl.full_finetune])))  # type: ignore[operator]
+            _load_weights(backend.trainable_model(), weights, agent.rl)
+        backend.weights_version = agent.weights_version
+        ctx = ExecContext(backend, ToolContext(agent.sandbox), seed=agent.seed)
+        return await execute(agent.graph, Example("replay", text, ""), ctx)
+    finally:
+        await backend.aclose()
+
+
+_WEIGHTS = {False: "adapter_model.safetensors", True: "model_weights.safetensors"}
+
+
+def export(agent: ArchivedAgent, out: Path) -> list[Path]:
+    """Write graph.yaml, agent.json (policy, sandbox, seed), the adapter and run.py to ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "graph.yaml").write_text(dump_graph(agent.graph.model_copy(update={"name": agent.id})))
+    written = [out / "graph.yaml", out / "agent.json", out / "run.py"]
+    if agent.checkpoint is not None:
+        weights = {k: v.contiguous() for k, v in adapter_weights(agent.checkpoint).items()}
+        (out / ADAPTER_DIR).mkdir(exist_ok=True)
+        if not agent.rl.full_finetune:
+            lora_config(agent.rl).save_pretrained(str(out / ADAPTER_DIR))
+        save_file(weights, str(out / ADAPTER_DIR / _WEIGHTS[agent.rl.full_finetune]))
+        written.append(out / ADAPTER_DIR)
+    meta = {
+        "id": agent.id,
+        "weights_version": agent.weights_version,
+        "adapter": ADAPTER_DIR if agent.checkpoint is not None else None,
+        "policy": agent.policy.model_dump(mode="json"),
+        "sandbox": agent.sandbox.model_dump(mode="json"),
+        "seed": agent.seed,
+        "rl": {"lora_rank": agent.rl.lora_rank, "lora_alpha": agent.rl.lora_alpha,
+               "full_finetune": agent.rl.full_finetune},
+    }
+    (out / "agent.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "run.py").write_text(RUN_PY)
+    return written
+
+
+async def run_exported(folder: Path, text: str) -> Trajectory:
+    """Run what ``export`` wrote to ``folder`` on ``text``."""
+    meta = json.loads((folder / "agent.json").read_text())
+    agent = ArchivedAgent(
+        meta["id"], load_graph(folder / "graph.yaml"), BackendConfig(**meta["policy"]),
+        SandboxConfig(**meta["sandbox"]), meta["seed"], RLConfig(**meta["rl"]),
+        meta["weights_version"],
+    )
+    return await run_once(agent, text, folder / meta["adapter"] if meta["adapter"] else None)
+
+
+RUN_PY = '''"""Run an agent exported by `evoagent archive export`: python run.py "your question"."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+from evoagent.replay import run_exported
+
+if __name__ == "__main__":
+    traj = asyncio.run(run_exported(Path(__file__).resolve().parent, " ".join(sys.argv[1:])))
+    if traj.error:
+        sys.exit(f"error: {traj.error}")
+    print(traj.output)
+'''
