@@ -37,7 +37,9 @@ VAL = 32  # val examples: scores are k/32, as a real run's are
 
 
 def fill(archive: Archive, n: int, seed: int = 0) -> list[str]:
-    """``n`` agents in generations of 1000, each with 1-2 parents from earlier generations."""
+    """``n`` agents in generations of 1000; each has a parent from the last three generations
+    (selection favours recent agents) and, one time in twenty, a second one (crossover), so a
+    late agent's lineage runs back through most of the generations."""
     rng = random.Random(seed)
     base = AgentGraph(entry="a", exit="a", nodes=(LLMNode(id="a"),))
     ids: list[str] = []
@@ -45,8 +47,9 @@ def fill(archive: Archive, n: int, seed: int = 0) -> list[str]:
         agents, evals = [], []
         for k in range(PER_GENERATION):
             g = base.replace_node(LLMNode(id="a", system=f"variant {gen}-{k}"))
+            recent = ids[-3 * PER_GENERATION:]
             parents = () if gen == 0 else tuple(dict.fromkeys(
-                rng.choice(ids) for _ in range(1 if rng.random() < 0.8 else 2)))
+                rng.choice(recent) for _ in range(1 if rng.random() < 0.95 else 2)))
             status = "ok" if rng.random() < 0.9 else "invalid"
             agents.append(AgentRecord(g.id, g, parents, "seed" if gen == 0 else "mutate", gen,
                                       k % 4, status, None if status == "ok" else "did not apply"))

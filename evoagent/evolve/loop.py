@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,7 +56,8 @@ class RLHook(Protocol):
     """What the loop needs from the inner RL loop (``evoagent.rl.phase.RLPhase``)."""
 
     async def train(
-        self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int
+        self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
+        on_step: Callable[[], None] | None = None,
     ) -> tuple[str, dict[str, Any]]: ...
 
     def restore(self, path: str, version: int) -> None: ...
@@ -318,7 +319,7 @@ class Search:
         graph = lambda c: graphs.get(c.id) or self.archive.graph(c.id)  # noqa: E731
         elite = [graph(c) for c in pool[: self.spec.rl.elite]]
         self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
-        path, metrics = await self.rl.train(elite, self.splits["train"], gen)
+        path, metrics = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance)
         version += 1
         self.policy_version(version)
         pending.version = version

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,8 @@ class RLPhase:
         self.backend.set_weights_version(version)
 
     async def train(
-        self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int
+        self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
+        on_step: Callable[[], None] | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """Run ``rl.steps`` on-policy steps; return the checkpoint path and metrics (means over
         the phase, and each step's under ``"per_step"``)."""
@@ -89,6 +90,8 @@ class RLPhase:
             per_step.append({"step": float(step), "reward_mean": reward_mean, "accuracy": accuracy})
             steps, advs = episode_advantages(trajs, lambda t: (t.agent_id, t.input_id), self.cfg)
             if not steps:
+                if on_step is not None:
+                    on_step()
                 continue  # every group had equal rewards: no gradient (DAPO dynamic sampling)
             batch = build_batch(steps, advs, self.backend.pad_id)
             try:
@@ -97,6 +100,8 @@ class RLPhase:
                 raise RLError(f"RL step {step} of generation {generation}: {e}") from e
             trained += 1
             per_step[-1].update(metrics)
+            if on_step is not None:
+                on_step()
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
         out: dict[str, Any] = {

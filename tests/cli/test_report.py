@@ -100,3 +100,28 @@ def test_every_section_renders_in_a_browser(report, tmp_path):
         page.screenshot(path=str(shot), full_page=True)
         browser.close()
     assert shot.stat().st_size > 10_000
+
+
+def test_an_exported_adapter_loads_with_plain_peft(report, tmp_path, tiny_model_dir):
+    """The export is peft's own format: PeftModel.from_pretrained reads it, weights intact."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from evoagent.replay import adapter_weights, archived_agent
+
+    run_dir, _ = report
+    with Archive(run_dir, write=False) as a:
+        best = [r for r in list_agents(a, ListFilter(status="ok")) if r.stage == "full"][0]
+        agent = archived_agent(a, best.id)
+    assert agent.weights_version == 2 and agent.checkpoint is not None
+    res = CliRunner().invoke(app, ["archive", "export", str(run_dir), best.id, str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, str(tmp_path / "out" / "adapter"))
+    loaded = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    trained = adapter_weights(agent.checkpoint)
+    assert len(loaded) == len(trained) > 0
+    for key, value in trained.items():
+        match = [v for k, v in loaded.items() if k.replace(".default", "") == key]
+        assert match and torch.equal(match[0], value), key

@@ -44,8 +44,10 @@ def test_train_updates_the_served_policy_and_checkpoints(tiny_backend, tmp_path)
     before = logprobs(backend)
     train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
     rl = phase(backend, tmp_path)
-    path, metrics = asyncio.run(rl.train([GRAPH], train, generation=2))
+    ticks = []
+    path, metrics = asyncio.run(rl.train([GRAPH], train, generation=2, on_step=lambda: ticks.append(1)))
     assert metrics["steps_trained"] == 2 and "loss" in metrics and 0 <= metrics["reward_mean"] <= 1
+    assert len(ticks) == 2 and [s["step"] for s in metrics["per_step"]] == [0.0, 1.0]  # progress, curves
     assert (tmp_path / path).is_file()
     after = logprobs(backend)
     assert after != before  # the backend already serves the trained LoRA weights
