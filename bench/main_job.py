@@ -23,12 +23,22 @@ import time
 from pathlib import Path
 
 from evoagent import runner
+from evoagent.evolve.loop import NullReporter
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class PrintLog:
-    """Prints the search's log lines (no progress bars: the output goes to a log file)."""
+class PrintLog(NullReporter):
+    """Prints the search's log lines (no progress bars: the output goes to a log file) and
+    records when each generation was committed and what it stood at."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.curve: list[dict[str, object]] = []
+
+    def search(self, generation: int, total: int, summary: str) -> None:
+        self.curve.append({"generation": generation, "minutes": round((time.perf_counter() - self.start) / 60, 2),
+                           "summary": summary})
 
     def stage(self, name: str, total: int) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {name}", flush=True)
@@ -47,7 +57,8 @@ def main() -> None:
     try:
         spec = runner.prepare(args.task, output=str(out))
         start = time.perf_counter()
-        result = asyncio.run(runner.run(spec, PrintLog()))
+        log = PrintLog()
+        result = asyncio.run(runner.run(spec, log))
         seconds = time.perf_counter() - start
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -64,6 +75,7 @@ def main() -> None:
         "wall_s": round(seconds, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        "generations_committed": log.curve,
     }
     print(f"best seed val {result.seed_val:.3f} -> best evolved val {result.best_val:.3f} "
           f"(ratio {ratio:.1f}x), test {result.test}, {seconds / 60:.1f} min, "

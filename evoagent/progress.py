@@ -37,6 +37,7 @@ class RichReporter:
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.task: int | None = None
+        self.overall: int | None = None  # the generations bar stays while stages come and go
 
     def stage(self, name: str, total: int) -> None:
         if self.task is not None:
@@ -49,6 +50,13 @@ class RichReporter:
 
     def log(self, message: str) -> None:
         self.progress.console.print(message, markup=False, highlight=False)
+
+    def search(self, generation: int, total: int, summary: str) -> None:
+        text = escape(f"generations ({summary})")
+        if self.overall is None:
+            self.overall = self.progress.add_task(text, total=total, completed=generation)
+        else:
+            self.progress.update(self.overall, description=text, completed=generation)
 
 
 class JsonlReporter:
@@ -69,6 +77,9 @@ class JsonlReporter:
 
     def log(self, message: str) -> None:
         self._emit(event="log", message=message)
+
+    def search(self, generation: int, total: int, summary: str) -> None:
+        self._emit(event="generation", generation=generation, total=total, summary=summary)
 
 
 @contextmanager

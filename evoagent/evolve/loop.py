@@ -43,6 +43,10 @@ class Reporter(Protocol):
 
     def log(self, message: str) -> None: ...
 
+    def search(self, generation: int, total: int, summary: str) -> None:
+        """The search as a whole: ``generation`` of ``total`` committed; ``summary`` says the
+        best score and the cost so far."""
+
 
 class NullReporter:
     def stage(self, name: str, total: int) -> None: ...
@@ -50,6 +54,8 @@ class NullReporter:
     def advance(self) -> None: ...
 
     def log(self, message: str) -> None: ...
+
+    def search(self, generation: int, total: int, summary: str) -> None: ...
 
 
 class RLHook(Protocol):
@@ -136,6 +142,7 @@ class Search:
                 self._restore(last[1])
         gen, version = last
         self.policy_version(version)
+        self._progress(gen, version)
         for gen in range(last[0] + 1, self.spec.evolve.generations + 1):
             version = await self._generation(gen, version)
         return await self._finish(gen, version)
@@ -229,8 +236,9 @@ class Search:
         best = self.archive.best("val", version)
         calls, tokens = self.archive.cost()
         top = f"{best[1]:.3f} ({best[0].id})" if best else "-"
-        self.reporter.log(f"gen {gen}/{self.spec.evolve.generations} done: best val {top} "
-                          f"under weights v{version}; {calls} executions, {tokens} tokens so far")
+        summary = f"best val {top} under weights v{version}; {calls} executions, {tokens} tokens"
+        self.reporter.search(gen, self.spec.evolve.generations, summary)
+        self.reporter.log(f"gen {gen}/{self.spec.evolve.generations} done: {summary} so far")
 
     async def _child(
         self, gen: int, slot: int, pool: Pool, rng: random.Random, known: set[str]
