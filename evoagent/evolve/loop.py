@@ -31,7 +31,7 @@ from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, load_examples, split
 from evoagent.tools import ToolContext, known_tools
 
-REDRAWS = 4  # tries per child slot before a rebuilt existing agent is skipped
+REDRAWS = 4  # draws per child slot while it rebuilds a known agent or its operator does not apply
 
 
 class Reporter(Protocol):

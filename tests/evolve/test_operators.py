@@ -14,7 +14,7 @@ from evoagent.evolve.operators import Feedback, MutationContext, get_operator, k
 from evoagent.evolve.param_search import space
 from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.executor import ExecContext, execute
-from evoagent.graph import LLMNode, ToolNode, graph_from_dict, load_graph, validate
+from evoagent.graph import LLMNode, ToolNode, load_graph, validate
 from evoagent.llm.scripted import ScriptedBackend
 from evoagent.spec.config import SelectionConfig
 from evoagent.tasks.datasets import Example
