@@ -115,10 +115,12 @@ def list_(
     as_json: bool = AS_JSON,
 ) -> None:
     """Variants with their val score: id, generation, island, operator, parents, status."""
-    from evoagent.archive.views import ListFilter, list_agents
+    from typing import get_args
 
-    if sort not in ("score", "generation", "id"):
-        _fail(EvoagentError(f"--sort: unknown order {sort!r}; known: ['generation', 'id', 'score']"))
+    from evoagent.archive.views import ListFilter, Sort, list_agents
+
+    if sort not in get_args(Sort):
+        _fail(EvoagentError(f"--sort: unknown order {sort!r}; known: {sorted(get_args(Sort))}"))
     with _open(run_dir) as a:
         rows = list_agents(a, ListFilter(sort, top, status, island, generation, weights_version))  # type: ignore[arg-type]
     if as_json:
@@ -167,16 +169,16 @@ def show(run_dir: Path = RUN, agent_id: str = typer.Argument(..., help="id or un
 def diff(run_dir: Path = RUN, a_id: str = typer.Argument(..., help="the 'before' agent"),
          b_id: str = typer.Argument(..., help="the 'after' agent"), as_json: bool = AS_JSON) -> None:
     """What changed from A to B: nodes, edges, each changed field, prompts as unified diffs."""
-    from evoagent.archive.views import resolve_id
     from evoagent.graph.diff import graph_diff
 
     with _open(run_dir) as a:
         try:
-            ga, gb = a.agent(resolve_id(a, a_id)), a.agent(resolve_id(a, b_id))
+            ga, gb = a.agent(a_id), a.agent(b_id)
         except EvoagentError as e:
             _fail(e)
-    if ga.graph is None or gb.graph is None:
-        _fail(EvoagentError(f"{(ga if ga.graph is None else gb).id} has no graph (it is {ga.status if ga.graph is None else gb.status})"))
+    for r in (ga, gb):
+        if r.graph is None:
+            _fail(EvoagentError(f"{r.id} has no graph (it is {r.status}: {r.reason})"))
     d = graph_diff(ga.graph, gb.graph)  # type: ignore[arg-type]
     if as_json:
         _json({"a": ga.id, "b": gb.id, **d.to_dict()})
@@ -203,11 +205,11 @@ def lineage(run_dir: Path = RUN, agent_id: str = typer.Argument(..., help="id or
     """The variant's ancestors as a tree, each edge with its operator and the score change."""
     from rich.tree import Tree
 
-    from evoagent.archive.views import lineage_edges, resolve_id
+    from evoagent.archive.views import lineage_edges
 
     with _open(run_dir) as a:
         try:
-            root = resolve_id(a, agent_id)
+            root = a.resolve(agent_id)
             edges = lineage_edges(a, root)
             ops = {r.id: r.operator for r in map(a.agent, {root, *(e.parent for e in edges)})}
         except EvoagentError as e:

@@ -53,9 +53,7 @@ class ArchivedAgent:
 
 def archived_agent(archive: Archive, agent_id: str) -> ArchivedAgent:
     """Resolve ``agent_id`` (or a unique prefix) to a runnable agent of ``archive``."""
-    from evoagent.archive.views import resolve_id
-
-    rec = archive.agent(resolve_id(archive, agent_id))
+    rec = archive.agent(agent_id)
     if rec.graph is None:
         raise ArchiveError(f"{rec.id} has no graph ({rec.status}: {rec.reason})")
     stored = archive.run_spec()

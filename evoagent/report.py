@@ -48,13 +48,13 @@ def write_report(run_dir: Path, out: Path | None = None, top: int = TOP) -> Path
         version = latest_version(archive)
         best = [r for r in list_agents(archive, ListFilter(status="ok", weights_version=version))
                 if r.stage == "full"][:top]
-        graphs = {r.id: archive.agent(r.id).graph for r in best}
+        graphs = {r.id: archive.graph(r.id) for r in best}
         sections = [
             ("curves", "Score per generation", _figure(_curves(archive), "curves")),
             ("lineage", "Lineage of the best agents", _figure(_lineage(archive, [r.id for r in best]), "lineage")),
             ("graphs", "Top agents' graphs", "".join(
                 f"<h3>{html.escape(r.id)} (val {r.score:.3f})</h3>"
-                + _figure(_graph(graphs[r.id]), f"graph-{r.id}")  # type: ignore[arg-type]
+                + _figure(_graph(graphs[r.id]), f"graph-{r.id}")
                 for r in best)),
             ("instances", "Which inputs each top agent solves",
              _instances(instance_scores(archive, [r.id for r in best], version))),

@@ -248,18 +248,31 @@ class Archive:
         q = "SELECT * FROM agents" + (" WHERE " + " AND ".join(f"{c} = ?" for c, _ in where) if where else "")
         return [_agent(r) for r in self.db.execute(q + " ORDER BY created, id", [v for _, v in where])]
 
-    def agent(self, agent_id: str) -> AgentRecord:
-        """The agent whose id is ``agent_id`` or starts with it (unique prefix)."""
-        rows = self.db.execute(  # a range on the primary key: an index seek, not a LIKE scan
-            "SELECT * FROM agents WHERE id >= ? AND id < ? ORDER BY id LIMIT 2",
-            (agent_id, agent_id + "\uffff"),
+    def resolve(self, prefix: str) -> str:
+        """The full id of the agent whose id is ``prefix`` or starts with it (unique prefix).
+
+        A range on the primary key: an index seek, not a scan. Unknown or ambiguous ids raise
+        ArchiveError; an ambiguous one lists a few of the ids it matches.
+        """
+        span = (prefix, prefix + "\uffff")
+        rows = self.db.execute(
+            "SELECT id FROM agents WHERE id >= ? AND id < ? ORDER BY id LIMIT 5", span
         ).fetchall()
-        if len(rows) == 2 and rows[0]["id"] == agent_id:
-            rows = rows[:1]
-        if len(rows) != 1:
-            what = "no agent" if not rows else f"{len(rows)} agents"
-            raise ArchiveError(f"{what} with id {agent_id!r} in {self.run_dir}")
-        return _agent(rows[0])
+        if not rows:
+            raise ArchiveError(f"no agent with id {prefix!r} in {self.run_dir}")
+        if len(rows) > 1 and rows[0]["id"] != prefix:
+            n = self.db.execute("SELECT COUNT(*) FROM agents WHERE id >= ? AND id < ?", span).fetchone()[0]
+            some = ", ".join(r["id"] for r in rows)
+            raise ArchiveError(
+                f"{n} agents with id prefix {prefix!r} in {self.run_dir} (ambiguous): {some}"
+                + (", ..." if n > len(rows) else "")
+            )
+        return rows[0]["id"]
+
+    def agent(self, agent_id: str) -> AgentRecord:
+        """The agent whose id is ``agent_id`` or starts with it (see ``resolve``)."""
+        row = self.db.execute("SELECT * FROM agents WHERE id = ?", (self.resolve(agent_id),)).fetchone()
+        return _agent(row)
 
     def evaluations(self, agent_id: str | None = None) -> list[EvalRecord]:
         q = "SELECT * FROM evaluations" + (" WHERE agent_id = ?" if agent_id else "")

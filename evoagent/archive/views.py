@@ -17,9 +17,15 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from evoagent.archive.store import AgentRecord, Archive, EvalRecord
-from evoagent.errors import ArchiveError
 
 Sort = Literal["score", "generation", "id"]
+
+# An agent's best val score of one cascade stage under a weights version, by its id (an SQL
+# expression). INDEXED BY: the planner would otherwise walk the score index of every evaluation.
+_SCORE = ("(SELECT MAX(score) FROM evaluations e INDEXED BY eval_agent WHERE e.agent_id = {agent} "
+          "AND e.split = 'val' AND e.weights_version = ? AND e.stage = '{stage}')")
+
+
 @dataclass(frozen=True)
 class ListFilter:
     """What ``archive list`` shows: a filter, an order and a cut."""
@@ -89,12 +95,10 @@ def list_agents(archive: Archive, f: ListFilter = ListFilter()) -> list[AgentRow
              "x.weights_version = ?)", [version], "a.generation, a.id"),
         ]
     else:
-        stage = ("(SELECT MAX(score) FROM evaluations e INDEXED BY eval_agent WHERE e.agent_id = a.id AND e.split = 'val' "
-                 "AND e.weights_version = ? AND e.stage = '{}')")
+        fs, ms = (_SCORE.format(agent="a.id", stage=st) for st in ("full", "minibatch"))
         parts = [(
-            f"SELECT {cols}, COALESCE({stage.format('full')}, {stage.format('minibatch')}) AS val, "
-            f"CASE WHEN {full} THEN 'full' WHEN {stage.format('minibatch')} IS NOT NULL "
-            "THEN 'minibatch' END AS stage FROM agents a WHERE 1", [version] * 4,
+            f"SELECT {cols}, COALESCE({fs}, {ms}) AS val, CASE WHEN {full} THEN 'full' "
+            f"WHEN {ms} IS NOT NULL THEN 'minibatch' END AS stage FROM agents a WHERE 1", [version] * 4,
             "a.generation, a.id" if f.sort == "generation" else "a.id",
         )]
     out: list[AgentRow] = []
@@ -111,22 +115,6 @@ def list_agents(archive: Archive, f: ListFilter = ListFilter()) -> list[AgentRow
                                     tuple(json.loads(r["parents_json"])), r["status"], r["reason"],
                                     r["val"], r["stage"], version))
     return out
-
-
-def resolve_id(archive: Archive, prefix: str) -> str:
-    """The full id of the agent whose id starts with ``prefix``; unknown or ambiguous raise."""
-    if not prefix:
-        raise ArchiveError("an agent id (or a unique prefix of one) is required")
-    rows = archive.db.execute(
-        "SELECT id FROM agents WHERE id >= ? AND id < ? ORDER BY id LIMIT 6",
-        (prefix, prefix + "\uffff"),
-    ).fetchall()
-    if not rows:
-        raise ArchiveError(f"no agent with id {prefix!r} in {archive.run_dir}")
-    if len(rows) > 1 and rows[0]["id"] != prefix:
-        some = ", ".join(r["id"] for r in rows[:5])
-        raise ArchiveError(f"id prefix {prefix!r} is ambiguous in {archive.run_dir}: {some}, ...")
-    return rows[0]["id"]
 
 
 @dataclass(frozen=True)
@@ -147,16 +135,14 @@ def lineage_edges(archive: Archive, agent_id: str, version: int | None = None) -
     it), a second reads their edges with scores; the order is a BFS over those edges.
     """
     v = latest_version(archive) if version is None else version
-    # INDEXED BY: the planner would otherwise walk the score index of every full evaluation.
-    best = ("(SELECT MAX(score) FROM evaluations e INDEXED BY eval_agent WHERE e.agent_id = {} "
-            "AND e.split = 'val' AND e.stage = 'full' AND e.weights_version = ?)")
     rows = archive.db.execute(
         # CROSS JOIN keeps the (small) ancestor set as the outer loop: each step is an index
         # lookup, never a scan of the lineage table.
         "WITH RECURSIVE anc(id) AS (SELECT ? UNION SELECT l.parent FROM anc CROSS JOIN lineage l "
         "ON l.child = anc.id) "
-        f"SELECT l.child, l.parent, a.operator, {best.format('l.child')} AS cs, "
-        f"{best.format('l.parent')} AS ps FROM anc CROSS JOIN lineage l ON l.child = anc.id "
+        f"SELECT l.child, l.parent, a.operator, {_SCORE.format(agent='l.child', stage='full')} AS cs, "
+        f"{_SCORE.format(agent='l.parent', stage='full')} AS ps FROM anc CROSS JOIN lineage l "
+        "ON l.child = anc.id "
         "CROSS JOIN agents a ON a.id = l.child ORDER BY l.child, l.position",
         (agent_id, v, v),
     ).fetchall()
@@ -202,11 +188,11 @@ class AgentDetail:
 
 def agent_detail(archive: Archive, prefix: str) -> AgentDetail:
     """The agent named by an id or unique prefix, with its evaluations and children."""
-    agent_id = resolve_id(archive, prefix)
+    agent = archive.agent(prefix)
     children = [r["child"] for r in archive.db.execute(
-        "SELECT child FROM lineage WHERE parent = ? ORDER BY child", (agent_id,)
+        "SELECT child FROM lineage WHERE parent = ? ORDER BY child", (agent.id,)
     )]
-    return AgentDetail(archive.agent(agent_id), archive.evaluations(agent_id), children)
+    return AgentDetail(agent, archive.evaluations(agent.id), children)
 
 
 @dataclass(frozen=True)

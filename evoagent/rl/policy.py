@@ -39,6 +39,11 @@ def attach_lora(model: nn.Module, cfg: RLConfig) -> nn.Module:
         raise RLError(f"cannot attach LoRA to {type(model).__name__}: {e}") from e
 
 
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a LoRA wrapper (the model itself when there is none)."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
 def token_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -56,7 +61,7 @@ def token_logprobs(
     whatever mode it is in. Assumes the causal LM's logits are ``lm_head(last_hidden_state)``
     (true of Llama-style models; not of heads with logit soft-capping).
     """
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    base = base_model(model)
     hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     if wanted is None:
         wanted = attention_mask

@@ -35,7 +35,7 @@ from evoagent.memory import release_memory
 from evoagent.rl.batch import TokenBatch
 from evoagent.rl.config import RLConfig
 from evoagent.rl.losses import LossConfig, LossInputs, get_aggregation, get_policy_loss
-from evoagent.rl.policy import reference_logprobs, token_logprobs
+from evoagent.rl.policy import base_model, reference_logprobs, token_logprobs
 
 CHECKPOINT_FORMAT = 1
 
@@ -52,7 +52,7 @@ class Trainer:
         self.model = model
         self.cfg = cfg
         if cfg.gradient_checkpointing:
-            base = model.get_base_model() if isinstance(model, PeftModel) else model
+            base = base_model(model)
             # Non-reentrant checkpointing needs no input that requires grad (LoRA's case).
             # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias).
             if hasattr(base, "activation_checkpointing_enable"):
