@@ -66,7 +66,7 @@ def run_evoagent(steps: int) -> dict[str, float]:
     tokens = seconds = 0.0
     for step in range(steps + 1):  # step 0 warms up
         t0 = time.perf_counter()
-        _, metrics = asyncio.run(rl.train([graph], train, generation=step))
+        metrics = asyncio.run(rl.train([graph], train, generation=step)).metrics
         if step:
             seconds += time.perf_counter() - t0
             tokens += sum(s.get("tokens", 0.0) for s in metrics["per_step"])

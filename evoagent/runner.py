@@ -77,8 +77,10 @@ async def run(spec: RunSpec, reporter: Reporter | None = None) -> SearchResult:
     with Archive(spec.run_dir) as archive:
         search = Search(spec, policy, mutator, archive, reporter)
         if spec.rl.enabled:
-            search.rl = RLPhase(spec.rl, policy, search.ctx, spec.task.reward, spec.run_dir,
-                                spec.seed)
+            search.rl = RLPhase(
+                spec.rl, policy, search.ctx, spec.task.reward, spec.run_dir, spec.seed,
+                history=lambda ids: archive.trajectories_of_inputs("train", ids),
+            )
         try:
             result = await search.run()
         finally:

@@ -51,7 +51,7 @@ def tiny_llama(vocab: int, seed: int = 0):
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
     )
     return LlamaForCausalLM(cfg).eval()
 

@@ -14,7 +14,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS trajectories (
     agent_id TEXT NOT NULL REFERENCES agents(id), split TEXT NOT NULL,
     weights_version INTEGER NOT NULL, input_id TEXT NOT NULL, reward REAL, json TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS traj_agent ON trajectories(agent_id, split);
+CREATE INDEX IF NOT EXISTS traj_input ON trajectories(split, input_id);
 CREATE TABLE IF NOT EXISTS generations (
     generation INTEGER PRIMARY KEY, weights_version INTEGER NOT NULL, committed REAL NOT NULL,
     best_id TEXT, best_score REAL);
@@ -320,6 +321,16 @@ class Archive:
             q, args = q + " AND weights_version=?", [*args, version]
         for r in self.db.execute(q + " ORDER BY rowid", args):
             yield Trajectory.from_json(r["json"])
+
+    def trajectories_of_inputs(self, split: str, input_ids: Sequence[str]) -> list[Trajectory]:
+        """Every agent's archived trajectories on these inputs of ``split``, in write order
+        (the RL phase's DPO pairs: the archive holds successes and failures of many agents)."""
+        marks = ",".join("?" * len(input_ids))
+        rows = self.db.execute(
+            f"SELECT json FROM trajectories WHERE split=? AND input_id IN ({marks}) ORDER BY rowid",
+            [split, *input_ids],
+        )
+        return [Trajectory.from_json(r["json"]) for r in rows]
 
     def generations(self) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM generations ORDER BY generation").fetchall()

@@ -64,9 +64,17 @@ class RLHook(Protocol):
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
         on_step: Callable[[], None] | None = None,
-    ) -> tuple[str, dict[str, Any]]: ...
+    ) -> RLPhaseResult: ...
 
     def restore(self, path: str, version: int) -> None: ...
+
+
+class RLPhaseResult(Protocol):
+    """An RL phase's checkpoint path, metrics and rollouts (``evoagent.rl.phase.PhaseResult``)."""
+
+    checkpoint: str
+    metrics: dict[str, Any]
+    rollouts: list[Trajectory]
 
 
 @dataclass
@@ -327,7 +335,16 @@ class Search:
         graph = lambda c: graphs.get(c.id) or self.archive.graph(c.id)  # noqa: E731
         elite = [graph(c) for c in pool[: self.spec.rl.elite]]
         self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
-        path, metrics = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance)
+        res = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance)
+        pending.trajectories.extend(("train", t, version) for t in res.rollouts)
+        path, metrics = res.checkpoint, res.metrics
+        skipped = {k: int(sum(s.get(k, 0) for s in metrics["per_step"]))
+                   for k in ("skipped_reward", "skipped_context")}
+        self.reporter.log(
+            f"gen {gen}: RL trained {int(metrics['steps_trained'])}/{self.spec.rl.steps} steps, "
+            f"rollout reward {metrics['reward_mean']:.3f}, samples skipped: "
+            f"{skipped['skipped_reward']} (reward failed), {skipped['skipped_context']} (context full)"
+        )
         version += 1
         self.policy_version(version)
         pending.version = version

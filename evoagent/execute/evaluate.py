@@ -56,13 +56,20 @@ class Evaluation:
 async def run_and_score(
     graph: AgentGraph, example: Example, ctx: ExecContext, reward: RewardConfig, sample: int = 0
 ) -> Trajectory:
-    """One execution plus its reward (0 with the reason when the execution or reward failed)."""
+    """One execution plus its reward (0 with the reason when the execution or reward failed).
+
+    An environment episode scores itself (``env_reward``); otherwise the task's reward judges
+    the output. A failed reward also marks the sample ``skip="reward"`` for RL.
+    """
     traj = await execute(graph, example, ctx, sample)
     if traj.error is not None:
         traj.reward = 0.0
-        return traj
-    traj.reward, err = await score(traj.output, example, reward)
-    traj.error = err
+    elif traj.env_reward is not None:
+        traj.reward = traj.env_reward
+    else:
+        traj.reward, traj.error = await score(traj.output, example, reward)
+        if traj.error is not None:
+            traj.skip = "reward"
     return traj
 
 

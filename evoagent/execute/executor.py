@@ -5,7 +5,9 @@ output of each upstream node (``""`` when a probabilistic edge was dropped for t
 ``llm`` node with ``samples > 1`` draws several completions: downstream templates see the first,
 a ``vote`` node sees them all. A ``loop`` node is a ReAct loop: each turn the model writes
 ``Action: tool[argument]`` (the tool's output comes back as an ``Observation:`` user turn) or
-``Answer: ...`` which ends the loop.
+``Answer: ...`` which ends the loop; or, with ``env``, it plays the input's environment episode
+(each reply is a move, each observation a user turn). Loop turns are token-in/token-out: a turn's
+prompt is the previous prompt and completion ids plus the new turn's tokens.
 
 Failure contract: anything that goes wrong for this input (a tool that raises, garbage from the
 model, a timeout) ends up in ``Trajectory.error`` and the trajectory scores 0. Only systemic
@@ -22,7 +24,7 @@ import hashlib
 import random
 import re
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,7 @@ from evoagent.graph.model import AgentGraph, LLMNode, LoopNode, ToolNode, VoteNo
 from evoagent.llm.backend import Backend
 from evoagent.llm.types import Generation, GenerationRequest, Message
 from evoagent.tasks.datasets import Example
+from evoagent.tasks.envs import Episode, make_episode
 from evoagent.tasks.extract import get_extractor
 from evoagent.tools import Tool, ToolContext, call_tool, make_tool
 
@@ -132,6 +135,8 @@ async def execute(
             raise
         except TimeoutError:
             traj.error = f"execution timed out after {ctx.timeout_s}s of its own work"
+        except ContextOverflow as e:
+            traj.error, traj.skip = str(e), "context"
         except Exception as e:  # the candidate boundary: a broken agent is data, not a crash
             traj.error = f"{type(e).__name__}: {e}"
         traj.seconds = time.perf_counter() - clock.start
@@ -181,7 +186,7 @@ async def _run(
             outputs[node_id] = await _llm(node, user, ctx, seed, traj, clock)
         else:
             user = _fill(node.template, example.input, upstream)
-            outputs[node_id] = [await _loop(node, user, ctx, seed, traj, clock)]
+            outputs[node_id] = [await _loop(node, user, ctx, seed, traj, clock, example)]
     traj.output = outputs[graph.exit][0]
 
 
@@ -238,42 +243,101 @@ async def _call_tool(ctx: ExecContext, node: str, name: str, arg: str, traj: Tra
     return res.output if res.ok else f"error: {res.error}"
 
 
+class ContextOverflow(Exception):
+    """A loop's next prompt no longer fits the backend's context window (it was truncated)."""
+
+
 async def _loop(
-    node: LoopNode, user: str, ctx: ExecContext, seed: tuple, traj: Trajectory, clock: _Clock
+    node: LoopNode, user: str, ctx: ExecContext, seed: tuple, traj: Trajectory, clock: _Clock,
+    example: Example,
 ) -> str:
-    tools = {name: ctx.tool(name) for name in node.tools}
-    listing = "\n".join(f"- {name}: {t.description}" for name, t in tools.items())
-    system = (node.system + "\n\n" if node.system else "") + REACT_FORMAT + listing
-    messages: list[Message] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    """Run a ReAct loop (``tools``) or play an environment episode (``env``), token-in/token-out:
+    each turn's request carries the previous prompt and completion ids as ``prefix_ids``, so the
+    model sees its own sampled tokens, not a re-rendering of their text."""
+    turn_fn, system, stop, episode = await _turns(node, ctx, traj, example)
+    messages: list[Message] = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": user})
+    prev: Generation | None = None
     text = ""
     for turn in range(node.max_turns):
+        prefix = prev.prompt_ids + prev.completion_ids if prev is not None else None
         req = GenerationRequest(
-            tuple(messages),
-            node.max_tokens,
-            _temperature(node, ctx),
-            request_seed(*seed, turn),
-            stop=("Observation:",),
+            tuple(messages), node.max_tokens, _temperature(node, ctx),
+            request_seed(*seed, turn), stop=stop, prefix_ids=prefix,
         )
         t0 = time.perf_counter()
         (g,) = await clock.generate(ctx.llm, [req])
+        if prefix is not None and g.prompt_ids[: len(prefix)] != prefix:
+            raise ContextOverflow(
+                f"node {node.id!r}: the episode outgrew the policy's context window at turn "
+                f"{turn} ({len(prefix)} tokens before the new turn; raise policy.max_context "
+                "or lower max_turns)"
+            )
         traj.steps.append(_llm_step(node.id, tuple(messages), g, time.perf_counter() - t0))
         text = g.text
-        action = _ACTION.search(text)
-        answer = _ANSWER.search(text)
+        observation, final = await turn_fn(text)
+        if final is not None:
+            text = final
+            break
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": observation},
+        ]
+        prev = g
+    if episode is not None:  # the game's score, final or partial when the turns ran out
+        traj.env_reward = await asyncio.to_thread(episode.score)
+    return text
+
+
+TurnFn = Callable[[str], Awaitable[tuple[str, str | None]]]  # reply -> (observation, final)
+
+
+async def _turns(
+    node: LoopNode, ctx: ExecContext, traj: Trajectory, example: Example
+) -> tuple[TurnFn, str, tuple[str, ...], Episode | None]:
+    """What answers the model's replies, the system prompt, the stop strings, and the episode
+    being played (None for a ReAct loop)."""
+    if node.env is not None:
+        episode = await asyncio.wait_for(
+            asyncio.to_thread(make_episode, node.env, example), ctx.tool_timeout_s
+        )
+
+        async def play(reply: str) -> tuple[str, str | None]:
+            t0 = time.perf_counter()
+            try:
+                obs, done = await asyncio.wait_for(
+                    asyncio.to_thread(episode.step, reply), ctx.tool_timeout_s
+                )
+            except TimeoutError:
+                raise RuntimeError(
+                    f"env {node.env!r} did not answer within {ctx.tool_timeout_s}s"
+                ) from None
+            traj.steps.append(
+                ToolStep(node.id, f"env:{node.env}", reply, obs, True, None, time.perf_counter() - t0)
+            )
+            return obs, (obs if done else None)
+
+        return play, node.system, (), episode
+
+    tools = {name: ctx.tool(name) for name in node.tools}
+    listing = "\n".join(f"- {name}: {t.description}" for name, t in tools.items())
+    system = (node.system + "\n\n" if node.system else "") + REACT_FORMAT + listing
+
+    async def react(reply: str) -> tuple[str, str | None]:
+        action = _ACTION.search(reply)
+        answer = _ANSWER.search(reply)
         if answer and (not action or answer.start() < action.start()):
-            return answer.group(1).strip()
+            return "", answer.group(1).strip()
         if not action:
-            return text  # the model answered without the format: take its words as the answer
+            return "", reply  # the model answered without the format: take its words
         name, arg = action.group(1), action.group(2)
         if name in tools:
             obs = await _call_tool(ctx, node.id, name, arg, traj)
         else:
             obs = f"error: unknown tool {name!r}; use one of {sorted(tools)}"
-        messages += [
-            {"role": "assistant", "content": text[: action.end()]},
-            {"role": "user", "content": f"Observation: {obs}"},
-        ]
-    return text
+        return f"Observation: {obs}", None
+
+    return react, system, ("Observation:",), None
 
 
 def _vote(node: VoteNode, texts: list[str]) -> str:

@@ -2,9 +2,11 @@
 
 An ``LLMStep`` keeps the exact prompt and completion token ids and the logprobs the backend
 sampled them with, plus the weights version that produced them; training reads these ids and
-never re-tokenizes. Tool and environment text never appears as completion tokens: it only enters
-later prompts, so it is masked out of the loss by construction (``policy_mask`` of a prompt token
-is 0). Each LLM step also carries its GiGPO anchor key: (graph node, hash of what it observed).
+never re-tokenizes. In a ``loop`` node every turn's prompt ids extend the previous turn's prompt
+and completion ids (token-in/token-out), so an episode is one token stream: the model's tokens
+are its completions, and the tool or environment tokens between them are the rest of each
+prompt, which the loss masks out (``policy_mask`` 0). Each LLM step also carries its GiGPO
+anchor key: (graph node, hash of what it observed).
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ class Trajectory:
     """All steps of one execution, its final output and, once scored, its reward.
 
     ``error`` is set when the execution failed as a whole for this input (a node raised, a
-    timeout); such a trajectory scores 0 and is kept as data, never raised.
+    timeout); such a trajectory scores 0 and is kept as data, never raised. ``skip`` says why
+    the sample says nothing about the policy and RL must leave it out (``"reward"``: the reward
+    raised or was not a finite number; ``"context"``: the episode outgrew the context window).
+    ``env_reward`` is the score of an environment episode played by a ``loop`` node; it is the
+    trajectory's reward.
     """
 
     agent_id: str
@@ -70,6 +76,8 @@ class Trajectory:
     reward: float | None = None
     error: str | None = None
     seconds: float = 0.0
+    skip: str | None = None
+    env_reward: float | None = None
 
     @property
     def llm_steps(self) -> list[LLMStep]:

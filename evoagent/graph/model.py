@@ -52,13 +52,16 @@ class ToolNode(_Frozen):
 
 
 class LoopNode(_Frozen):
-    """A ReAct loop: the model writes ``Action: tool[argument]`` or ``Answer: ...`` each turn."""
+    """A multi-turn loop. With ``tools``: ReAct, the model writes ``Action: tool[argument]`` or
+    ``Answer: ...`` each turn. With ``env``: the model plays the input's episode of that
+    environment (``evoagent.tasks.envs``), one reply per move, until the game ends."""
 
     kind: Literal["loop"] = "loop"
     id: str = Field(pattern=NODE_ID)
     system: str = ""
     template: str = "{input}"
     tools: tuple[str, ...] = ()
+    env: str | None = Field(None, description="environment registry key (e.g. textarena)")
     max_turns: int = Field(4, ge=1, le=32)
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(96, ge=1, le=4096)

@@ -72,6 +72,15 @@ def _check_node(
                 f"node {node.id!r}: template placeholder {{{name}}} is neither input nor an "
                 f"upstream node (allowed: {allowed})"
             )
+    if isinstance(node, LoopNode) and node.env is not None:
+        from evoagent.tasks.envs import known_environments
+
+        if node.tools:
+            raise GraphError(f"node {node.id!r}: a loop plays either an env or tools, not both")
+        if node.env not in known_environments():
+            raise GraphError(
+                f"node {node.id!r}: unknown env {node.env!r}; known: {known_environments()}"
+            )
     used = [node.tool] if isinstance(node, ToolNode) else list(getattr(node, "tools", ()))
     for tool in used:
         if tool not in tools and ":" not in tool:

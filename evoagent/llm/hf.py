@@ -35,6 +35,7 @@ from evoagent.memory import release_memory
 from evoagent.spec.config import BackendConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+_MARK = "\x00evoagent-turn\x00"  # stands for an assistant turn's content in ``continuation``
 
 
 def load_model(cfg: BackendConfig) -> tuple[Any, Any]:
@@ -61,6 +62,12 @@ class HFBackend:
         if model is None or tokenizer is None:
             model, tokenizer = load_model(cfg)
         self.cfg = cfg
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if isinstance(limit, int) and cfg.max_context > limit:
+            raise BackendError(
+                f"policy.max_context: {cfg.max_context} exceeds the model's context window "
+                f"({limit} positions)"
+            )
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -123,15 +130,55 @@ class HFBackend:
     # -- internals ---------------------------------------------------------------------------
     def render(self, messages: Sequence[Message]) -> list[int]:
         """Chat-template token ids ending with the assistant header (generation prompt)."""
-        msgs = list(messages)
-        if self.cfg.system_prompt and not any(m["role"] == "system" for m in msgs):
-            msgs = [{"role": "system", "content": self.cfg.system_prompt}, *msgs]
-        enc = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        enc = self.tokenizer.apply_chat_template(
+            self._with_system(messages), add_generation_prompt=True, tokenize=True
+        )
         ids = enc["input_ids"] if not isinstance(enc, list) else enc
         return list(ids)
 
+    def continuation(self, messages: Sequence[Message], after_eos: bool) -> list[int]:
+        """Token ids that follow the last assistant turn of ``messages``: the end of that turn
+        (unless the model already emitted it, ``after_eos``), the later turns, and the next
+        assistant header. Only these are tokenized; the ids before stay as sampled.
+
+        The template renders the last assistant turn with a marker for its content, so the
+        closing text is read off the template itself rather than assumed (works for any
+        template whose rendering of earlier turns does not change when turns are added).
+        """
+        roles = [m["role"] for m in messages]
+        if "assistant" not in roles:
+            raise BackendError("prefix_ids needs an assistant turn in the request's messages")
+        last = len(roles) - 1 - roles[::-1].index("assistant")
+        head = [*self._with_system(messages[:last]), {"role": "assistant", "content": _MARK}]
+        closed = self.tokenizer.apply_chat_template(head, tokenize=False)
+        full = self.tokenizer.apply_chat_template(
+            [*head, *messages[last + 1 :]], tokenize=False, add_generation_prompt=True
+        )
+        if not full.startswith(closed):
+            raise BackendError("the chat template re-renders earlier turns; token-in is impossible")
+        text = closed[closed.rindex(_MARK) + len(_MARK) :] + full[len(closed) :]
+        eos_text = self.tokenizer.convert_ids_to_tokens(sorted(self.eos_ids))
+        if after_eos:
+            for t in eos_text:
+                if isinstance(t, str) and text.startswith(t):
+                    text = text[len(t) :]
+                    break
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _with_system(self, messages: Sequence[Message]) -> list[Message]:
+        msgs = list(messages)
+        if self.cfg.system_prompt and not any(m["role"] == "system" for m in msgs):
+            msgs = [{"role": "system", "content": self.cfg.system_prompt}, *msgs]
+        return msgs
+
     def _prompt(self, r: GenerationRequest) -> list[int]:
-        ids = list(r.prompt_ids) if r.prompt_ids is not None else self.render(r.messages)
+        """The request's prompt ids, left-truncated to leave room for its token budget (a
+        caller that extends a prefix sees the truncation: the prefix is no longer a prefix)."""
+        if r.prefix_ids is None:
+            ids = self.render(r.messages)
+        else:
+            after_eos = bool(r.prefix_ids) and r.prefix_ids[-1] in self.eos_ids
+            ids = [*r.prefix_ids, *self.continuation(r.messages, after_eos)]
         keep = max(1, self.cfg.max_context - r.max_tokens)
         return ids[-keep:]
 

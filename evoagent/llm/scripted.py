@@ -29,6 +29,16 @@ def byte_ids(text: str) -> tuple[int, ...]:
     return tuple(text.encode())
 
 
+def _prompt(r: GenerationRequest) -> tuple[int, ...]:
+    """The chat's bytes; under ``prefix_ids``, the prefix plus the bytes of the turns after the
+    last assistant turn (the token-in contract of ``GenerationRequest``)."""
+    if r.prefix_ids is None:
+        return byte_ids("".join(m["content"] for m in r.messages))
+    roles = [m["role"] for m in r.messages]
+    last = len(roles) - 1 - roles[::-1].index("assistant")
+    return r.prefix_ids + byte_ids("".join(m["content"] for m in r.messages[last + 1 :]))
+
+
 @register_backend("scripted")
 class ScriptedBackend:
     """Serves completions computed by ``handler``; records every request it saw."""
@@ -43,7 +53,7 @@ class ScriptedBackend:
         for r in requests:
             self.requests.append(r)
             text = (await asyncio.to_thread(self.handler, r))[: max(r.max_tokens * 4, 1)]
-            prompt = r.prompt_ids or byte_ids("".join(m["content"] for m in r.messages))
+            prompt = _prompt(r)
             ids = byte_ids(text)
             out.append(
                 Generation(

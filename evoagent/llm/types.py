@@ -11,8 +11,13 @@ Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content":
 class GenerationRequest:
     """One completion wanted for a chat. ``seed`` makes sampling reproducible per request.
 
-    ``prompt_ids``, when given, are used verbatim instead of rendering ``messages`` (the
-    token-in path that multi-turn RL needs); ``messages`` still serves as the cache key.
+    ``prefix_ids``, when given, are the exact ids of the conversation so far (the previous
+    turn's prompt and completion ids) and ``messages`` ends with an assistant turn (that
+    completion's text) plus new turns: the backend keeps the prefix verbatim and appends only the
+    tokens of the new turns, so a multi-turn episode is one token stream in which every model
+    token is exactly what was sampled (token-in/token-out; nothing earlier is re-tokenized).
+    ``messages`` stays the whole chat: the cache key, and what a backend without token access
+    renders instead.
     """
 
     messages: tuple[Message, ...]
@@ -20,7 +25,7 @@ class GenerationRequest:
     temperature: float = 0.0
     seed: int = 0
     stop: tuple[str, ...] = ()
-    prompt_ids: tuple[int, ...] | None = None
+    prefix_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

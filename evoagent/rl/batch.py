@@ -1,8 +1,12 @@
 """Turn scored trajectories into per-step advantages, and LLM steps into padded token tensors.
 
-One row of a batch is one LLM step: its exact ``prompt_ids + completion_ids``, never
-re-tokenized. Only completion tokens are trained; prompt tokens, which hold earlier turns' tool
-and environment text, are masked by construction.
+One row of a batch is one token stream of an episode: the exact ids the backend saw and
+sampled, never re-tokenized. Consecutive LLM steps of one episode whose prompt extends the
+previous step's prompt and completion (a ``loop`` node's turns, token-in/token-out) share one
+row: ``policy_mask`` (``loss_mask``) is 1 on each turn's completion tokens and 0 on the tool and
+environment tokens between them, and each turn's tokens carry that turn's advantage (GiGPO
+gives turns different ones). Other steps are rows of their own (prompt masked, completion
+trained). One forward pass then scores a whole multi-turn episode instead of one pass per turn.
 
 Alignment: every (B, L) tensor is indexed by the *target* token. ``old_logp[b, t]`` and
 ``loss_mask[b, t]`` describe ``input_ids[b, t]``, whose logprob the model predicts from position
@@ -33,7 +37,9 @@ class TokenBatch:
         attention_mask: (B, L) long: 1 on real tokens, 0 on padding.
         loss_mask: (B, L) float: 1.0 on completion tokens only.
         old_logp: (B, L) float: the backend's sampling logprob at completion tokens, 0 elsewhere.
-        advantages: (B,) float: one advantage per row.
+        advantages: (B, L) float: the advantage of the step each completion token belongs to,
+            0 elsewhere.
+        episode: (B,) long: index of the episode (trajectory) each row comes from.
         rows: B.
     """
 
@@ -41,7 +47,8 @@ class TokenBatch:
     attention_mask: Tensor  # (B, L)
     loss_mask: Tensor  # (B, L)
     old_logp: Tensor  # (B, L)
-    advantages: Tensor  # (B,)
+    advantages: Tensor  # (B, L)
+    episode: Tensor  # (B,)
     rows: int
 
     @property
@@ -57,6 +64,7 @@ class TokenBatch:
             loss_mask=self.loss_mask.to(device),
             old_logp=self.old_logp.to(device),
             advantages=self.advantages.to(device),
+            episode=self.episode.to(device),
             rows=self.rows,
         )
 
@@ -96,53 +104,88 @@ class TokenBatch:
             attention_mask=am[:, :width],
             loss_mask=self.loss_mask[idx, :width],
             old_logp=self.old_logp[idx, :width],
-            advantages=self.advantages[idx],
+            advantages=self.advantages[idx, :width],
+            episode=self.episode[idx],
             rows=len(idx),
         )
 
 
-def build_batch(steps: Sequence[LLMStep], advantages: Sequence[float], pad_id: int) -> TokenBatch:
-    """Stack ``steps`` into one right-padded TokenBatch; raises RLError on malformed steps."""
-    if len(steps) != len(advantages):
+def build_batch(
+    steps: Sequence[LLMStep],
+    advantages: Sequence[float],
+    pad_id: int,
+    episodes: Sequence[int] | None = None,
+) -> TokenBatch:
+    """Stack ``steps`` into one right-padded TokenBatch; raises RLError on malformed steps.
+
+    With ``episodes`` (one episode index per step, steps of an episode consecutive and in
+    order), a step whose prompt ids start with the previous step's prompt and completion ids
+    joins that step's row (see the module docstring); without it every step is its own row.
+    """
+    if len(steps) != len(advantages) or (episodes is not None and len(episodes) != len(steps)):
         raise RLError(f"got {len(steps)} steps but {len(advantages)} advantages")
     if not steps:
         raise RLError("cannot build a batch from zero steps")
-    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in steps)
-    b = len(steps)
+    eps = list(episodes) if episodes is not None else list(range(len(steps)))
+    groups: list[list[int]] = []  # step indices per row
+    for i, s in enumerate(steps):
+        if len(s.logprobs) != len(s.completion_ids):
+            raise RLError(
+                f"step at node {s.node!r}: {len(s.completion_ids)} completion ids but "
+                f"{len(s.logprobs)} logprobs"
+            )
+        if not s.prompt_ids and s.completion_ids:
+            raise RLError(
+                f"step at node {s.node!r}: an empty prompt cannot predict its first token"
+            )
+        if groups and episodes is not None and eps[groups[-1][-1]] == eps[i] and _extends(
+            steps[groups[-1][-1]], s
+        ):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    width = max(len(steps[g[-1]].prompt_ids) + len(steps[g[-1]].completion_ids) for g in groups)
+    b = len(groups)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)  # (B, L)
     attention_mask = torch.zeros(b, width, dtype=torch.long)  # (B, L)
     loss_mask = torch.zeros(b, width)  # (B, L)
     old_logp = torch.zeros(b, width)  # (B, L)
-    for row, s in enumerate(steps):
-        p, c = len(s.prompt_ids), len(s.completion_ids)
-        if len(s.logprobs) != c:
-            raise RLError(
-                f"step at node {s.node!r}: {c} completion ids but {len(s.logprobs)} logprobs"
-            )
-        if p == 0 and c > 0:
-            raise RLError(
-                f"step at node {s.node!r}: an empty prompt cannot predict its first token"
-            )
-        input_ids[row, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
-        attention_mask[row, : p + c] = 1
-        loss_mask[row, p : p + c] = 1.0
-        old_logp[row, p : p + c] = torch.tensor(s.logprobs, dtype=old_logp.dtype)
+    adv = torch.zeros(b, width)  # (B, L)
+    for row, members in enumerate(groups):
+        last = steps[members[-1]]
+        n = len(last.prompt_ids) + len(last.completion_ids)
+        input_ids[row, :n] = torch.tensor(last.prompt_ids + last.completion_ids, dtype=torch.long)
+        attention_mask[row, :n] = 1
+        for i in members:
+            s = steps[i]
+            p, c = len(s.prompt_ids), len(s.completion_ids)
+            loss_mask[row, p : p + c] = 1.0
+            old_logp[row, p : p + c] = torch.tensor(s.logprobs, dtype=old_logp.dtype)
+            adv[row, p : p + c] = float(advantages[i])
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         loss_mask=loss_mask,
         old_logp=old_logp,
-        advantages=torch.tensor(list(advantages), dtype=torch.float32),
+        advantages=adv,
+        episode=torch.tensor([eps[g[0]] for g in groups], dtype=torch.long),
         rows=b,
     )
+
+
+def _extends(prev: LLMStep, step: LLMStep) -> bool:
+    """``step``'s prompt is ``prev``'s prompt and completion followed by more tokens."""
+    head = prev.prompt_ids + prev.completion_ids
+    return len(step.prompt_ids) > len(head) and step.prompt_ids[: len(head)] == head
 
 
 def episode_advantages(
     trajectories: Sequence[Trajectory],
     group_of: Callable[[Trajectory], Hashable],
     cfg: RLConfig,
-) -> tuple[list[LLMStep], list[float]]:
-    """Flat LLM steps to train and one advantage per step, from scored trajectories.
+) -> tuple[list[LLMStep], list[float], list[int]]:
+    """Flat LLM steps to train, one advantage per step, and the index of each step's
+    trajectory (for ``build_batch``'s ``episodes``), from scored trajectories.
 
     ``group_of`` names each episode's group (usually ``(agent_id, input_id)``). The episode reward
     sits on its last LLM step; anchors become ints for GiGPO. An episode without LLM steps still
@@ -181,7 +224,7 @@ def episode_advantages(
             step_reward.append(rewards[e])
             step_anchor.append(-1 - e)  # unique: never shares an anchor group
     if not steps:
-        return [], []
+        return [], [], []
     inp = AdvantageInput(
         episode_group=torch.tensor(episode_group, dtype=torch.long),
         step_episode=torch.tensor(step_episode, dtype=torch.long),
@@ -195,25 +238,58 @@ def episode_advantages(
         flat = zero_variance_groups(inp).tolist()  # (E,)
         signal: set[int] = {episode_group[e] for e, a in zip(step_episode, adv) if a != 0.0}
         dropped = {g for g, f in zip(episode_group, flat) if f and g not in signal}
-    out_steps, out_adv = [], []
+    out_steps, out_adv, out_ep = [], [], []
     for kept, e, a in zip(steps, step_episode, adv):
         if kept is not None and episode_group[e] not in dropped:
             out_steps.append(kept)
             out_adv.append(float(a))
-    return out_steps, out_adv
+            out_ep.append(e)
+    return out_steps, out_adv, out_ep
 
 
 def _rft(
     trajectories: Sequence[Trajectory], group_of: Callable[[Trajectory], Hashable], k: int
-) -> tuple[list[LLMStep], list[float]]:
+) -> tuple[list[LLMStep], list[float], list[int]]:
     """All steps of the top-k rewarded (> 0) episodes per group, advantage 1.0 each."""
-    groups: dict[Hashable, list[Trajectory]] = {}
-    for t in trajectories:
-        groups.setdefault(group_of(t), []).append(t)
+    groups: dict[Hashable, list[int]] = {}
+    for e, t in enumerate(trajectories):
+        groups.setdefault(group_of(t), []).append(e)
     steps: list[LLMStep] = []
+    episodes: list[int] = []
     for members in groups.values():
-        winners = [(t.reward, i) for i, t in enumerate(members) if t.reward and t.reward > 0]
-        winners.sort(key=lambda w: (-w[0], w[1]))  # best first; ties keep their order
-        for _, i in winners[:k]:
-            steps.extend(members[i].llm_steps)
-    return steps, [1.0] * len(steps)
+        winners = [(trajectories[e].reward or 0.0, e) for e in members]
+        winners = sorted((w for w in winners if w[0] > 0), key=lambda w: (-w[0], w[1]))
+        for _, e in winners[:k]:  # best first; ties keep their order
+            llm = trajectories[e].llm_steps
+            steps.extend(llm)
+            episodes.extend([e] * len(llm))
+    return steps, [1.0] * len(steps), episodes
+
+
+def preference_pairs(
+    trajectories: Sequence[Trajectory], group_of: Callable[[Trajectory], Hashable], k: int
+) -> tuple[list[LLMStep], list[int], list[tuple[int, int]]]:
+    """Up to ``k`` (better, worse) pairs per group, for DPO: the i-th best episode against the
+    i-th worst while its reward is strictly higher (ETO's success/failure pairs; Song et al.
+    2024). Returns the LLM steps of every paired episode with its episode index (for
+    ``build_batch``) and the pairs as episode indices.
+
+    Episodes marked ``skip``, unscored, or without LLM steps never pair. Departure from ETO:
+    the two sides of a pair may come from different agents, so their prompts can differ (the
+    agent's own instructions are part of what the pair prefers).
+    """
+    groups: dict[Hashable, list[int]] = {}
+    for e, t in enumerate(trajectories):
+        if t.skip is None and t.reward is not None and t.llm_steps:
+            groups.setdefault(group_of(t), []).append(e)
+    pairs: list[tuple[int, int]] = []
+    for members in groups.values():
+        ranked = sorted(members, key=lambda e: (-(trajectories[e].reward or 0.0), e))
+        for i in range(min(k, len(ranked) // 2)):
+            better, worse = ranked[i], ranked[-1 - i]
+            if (trajectories[better].reward or 0.0) > (trajectories[worse].reward or 0.0):
+                pairs.append((better, worse))
+    used = sorted({e for pair in pairs for e in pair})
+    steps = [s for e in used for s in trajectories[e].llm_steps]
+    episodes = [e for e in used for _ in trajectories[e].llm_steps]
+    return steps, episodes, pairs

@@ -16,6 +16,7 @@ from evoagent.rl.advantages import AdvantageConfig, known_advantages
 from evoagent.rl.losses import LossConfig, known_aggregations, known_policy_losses
 
 RFT = "rft"  # rejection-sampling fine-tuning: not an advantage estimator, see ``algorithm``
+DPO = "dpo"  # preference pairs from the archive: not an advantage estimator either
 
 
 class RLConfig(BaseModel):
@@ -28,8 +29,10 @@ class RLConfig(BaseModel):
     algorithm: str = Field(
         "grpo",
         description=(
-            "rl.advantages key (grpo | dr_grpo | rloo | gigpo), or 'rft': keep the top-k "
-            "successful samples per group and train them with the sft loss (Yuan et al. 2023)"
+            "rl.advantages key (grpo | dr_grpo | rloo | gigpo); 'rft': keep the top-k "
+            "successful samples per group and train them with the sft loss (Yuan et al. 2023); "
+            "'dpo': pair a better and a worse archived trajectory of one input and train the "
+            "DPO loss against the base model (Rafailov et al. 2023; ETO, Song et al. 2024)"
         ),
     )
     loss: str = Field("clip", description="rl.losses policy-loss key (clip | reinforce | sft)")
@@ -60,6 +63,9 @@ class RLConfig(BaseModel):
         "prompts (few-shot demos) cost memory per layer input only",
     )
     max_grad_norm: float = Field(1.0, gt=0, description="global gradient-norm clip")
+    autocast: bool = Field(
+        True, description="bf16 autocast of training forwards on a CUDA device that supports it"
+    )
     dynamic_sampling: bool = Field(
         True, description="drop groups whose rewards are all equal (DAPO dynamic sampling)"
     )
@@ -74,11 +80,23 @@ class RLConfig(BaseModel):
         2.0, gt=0, description="truncated importance-sampling cap (Yao et al. 2025); None = off"
     )
     elite: int = Field(1, ge=1, description="top agents whose trajectories are trained on")
+    dpo_beta: float = Field(0.1, gt=0, description="dpo: inverse temperature beta of the DPO loss")
+    dpo_pairs: int = Field(
+        2, ge=1, description="dpo: most (better, worse) pairs per input and step"
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate schedule over schedule_steps (transformers')"
+    )
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps of the schedule")
+    schedule_steps: int | None = Field(
+        None, ge=1, description="optimizer steps the linear/cosine schedule decays over "
+        "(all RL phases together); required for them"
+    )
 
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, v: str) -> str:
-        known = [*known_advantages(), RFT]
+        known = [*known_advantages(), RFT, DPO]
         if v not in known:
             raise ValueError(f"unknown algorithm {v!r}; known: {known}")
         return v
@@ -103,6 +121,17 @@ class RLConfig(BaseModel):
             raise ValueError(
                 "kl_beta > 0 needs the base model as reference, which only LoRA keeps "
                 "(disable the adapter); set full_finetune: false or kl_beta: 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_has_a_length(self) -> RLConfig:
+        if self.lr_schedule != "constant" and self.schedule_steps is None:
+            raise ValueError(f"lr_schedule {self.lr_schedule!r} needs schedule_steps")
+        if self.algorithm == DPO and self.full_finetune:
+            raise ValueError(
+                "algorithm dpo needs the base model as reference, which only LoRA keeps "
+                "(disable the adapter); set full_finetune: false"
             )
         return self
 

@@ -63,7 +63,8 @@ class LossInputs:
     Attributes:
         logp: (B, T) token logprobs under the current policy (requires grad).
         old_logp: (B, T) logprobs of the policy that sampled the tokens (detached).
-        advantages: (B,) per-sequence advantage.
+        advantages: (B,) one advantage per row, or (B, T) one per token (a multi-turn row
+            whose turns have different advantages).
         mask: (B, T) 1.0 for policy tokens that are trained, 0.0 for prompt/tool/env/padding.
         ref_logp: (B, T) reference-policy logprobs; needed when kl_beta > 0.
         rollout_logp: (B, T) logprobs the inference backend reported; needed when tis_cap is set.
@@ -71,7 +72,7 @@ class LossInputs:
 
     logp: Tensor  # (B, T)
     old_logp: Tensor  # (B, T)
-    advantages: Tensor  # (B,)
+    advantages: Tensor  # (B,) or (B, T)
     mask: Tensor  # (B, T)
     ref_logp: Tensor | None = None  # (B, T)
     rollout_logp: Tensor | None = None  # (B, T)
@@ -86,8 +87,11 @@ class LossInputs:
                 raise RLError(
                     f"{name} must have the shape of logp {tuple(shape)}, got {tuple(t.shape)}"
                 )
-        if self.advantages.shape != shape[:1]:
-            raise RLError(f"advantages must be ({shape[0]},), got {tuple(self.advantages.shape)}")
+        if self.advantages.shape not in (shape[:1], shape):
+            raise RLError(
+                f"advantages must be ({shape[0]},) or {tuple(shape)}, "
+                f"got {tuple(self.advantages.shape)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,8 @@ def _tokens(inp: LossInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     keep = inp.mask > 0
     logp = _masked(inp.logp, keep)
     old = _masked(inp.old_logp.detach(), keep)
-    adv = _masked(inp.advantages.detach()[:, None].expand_as(logp), keep)
+    a = inp.advantages.detach()
+    adv = _masked(a[:, None].expand_as(logp) if a.dim() == 1 else a, keep)
     return keep, logp, old, adv
 
 
@@ -271,3 +276,36 @@ def sft(inp: LossInputs, cfg: LossConfig) -> LossOutput:
     """
     keep, logp, _, _ = _tokens(inp)  # (B, T) each
     return _finish(-logp, inp, cfg, torch.zeros_like(keep), torch.ones_like(logp).detach())
+
+
+# ------------------------------------------------------------------ preference pairs
+
+
+def dpo(
+    policy_chosen: Tensor,
+    policy_rejected: Tensor,
+    ref_chosen: Tensor,
+    ref_rejected: Tensor,
+    beta: float,
+) -> LossOutput:
+    """-log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))), the mean over pairs (DPO,
+    Rafailov et al. 2023); each input is (P,): a trajectory's summed logprob of its policy tokens.
+
+    Metrics: ``reward_margin`` (mean beta * margin, the implicit reward gap) and
+    ``pair_accuracy`` (share of pairs whose chosen side already has the larger implicit reward).
+    """
+    shapes = {tuple(t.shape) for t in (policy_chosen, policy_rejected, ref_chosen, ref_rejected)}
+    if len(shapes) != 1 or policy_chosen.dim() != 1 or policy_chosen.numel() == 0:
+        raise RLError(f"dpo needs four (P,) tensors with P > 0, got shapes {sorted(shapes)}")
+    if beta <= 0:
+        raise SpecError(f"dpo beta: must be > 0, got {beta}")
+    margin = (policy_chosen - ref_chosen.detach()) - (policy_rejected - ref_rejected.detach())
+    loss = -torch.nn.functional.logsigmoid(beta * margin).mean()
+    m = margin.detach()
+    return LossOutput(
+        loss=loss,
+        metrics={
+            "reward_margin": float(beta * m.mean()),
+            "pair_accuracy": float((m > 0).float().mean()),
+        },
+    )

@@ -1,11 +1,13 @@
 """The inner loop as the search sees it: roll out the elite agents on train inputs, G samples
-per input, compute group advantages, take ``rl.steps`` optimizer steps, checkpoint.
+per input, compute group advantages (or, for ``dpo``, preference pairs with the archive's
+earlier trajectories of the same inputs), take ``rl.steps`` optimizer steps, checkpoint.
 
 The policy trains in place: LoRA is attached to the backend's own model, so weight sync to the
 backend is immediate (the loop then bumps ``weights_version``, which retires cached
 completions). Every step re-samples with the current weights (on-policy). Rollout seeds include
 the step index, so no two steps ever share a request and the cache can never serve a stale
-completion inside a phase.
+completion inside a phase. The rollouts go back to the loop, which archives them (split
+``train``): that is where later DPO pairs come from.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +24,40 @@ import torch
 from evoagent.errors import RLError, SpecError
 from evoagent.execute.evaluate import rollout
 from evoagent.execute.executor import ExecContext, request_seed
+from evoagent.execute.trajectory import Trajectory
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend, SupportsTraining
-from evoagent.rl.batch import build_batch, episode_advantages
-from evoagent.rl.config import RLConfig
+from evoagent.rl.batch import build_batch, episode_advantages, preference_pairs
+from evoagent.rl.config import DPO, RLConfig
 from evoagent.rl.policy import attach_lora
 from evoagent.rl.trainer import Trainer
 from evoagent.spec.config import RewardConfig
 from evoagent.tasks.datasets import Example
 
 
+@dataclass
+class PhaseResult:
+    """What one RL phase leaves: the checkpoint (relative to the run folder), metrics (means
+    over the phase, each step's under ``"per_step"``), and every rollout, for the archive."""
+
+    checkpoint: str
+    metrics: dict[str, Any]
+    rollouts: list[Trajectory] = field(repr=False, default_factory=list)
+
+
+History = Callable[[Sequence[str]], list[Trajectory]]  # input ids -> archived train trajectories
+
+
 class RLPhase:
-    """Owns the trainer; ``train`` runs one RL phase, ``restore`` reloads a checkpoint."""
+    """Owns the trainer; ``train`` runs one RL phase, ``restore`` reloads a checkpoint.
+
+    ``history`` reads the archive's earlier train-split trajectories of some inputs; the
+    ``dpo`` algorithm pairs them with the fresh rollouts.
+    """
 
     def __init__(
         self, cfg: RLConfig, backend: Backend, ctx: ExecContext, reward: RewardConfig,
-        run_dir: Path, seed: int,
+        run_dir: Path, seed: int, history: History | None = None,
     ) -> None:
         if not isinstance(backend, SupportsTraining):
             raise SpecError("rl.enabled: the policy backend cannot be trained in place (use kind: hf)")
@@ -47,6 +67,7 @@ class RLPhase:
         self.reward = reward
         self.dir = Path(run_dir) / "checkpoints"
         self.seed = seed
+        self.history = history
         self.trainer: Trainer | None = None
 
     def _trainer(self) -> Trainer:
@@ -67,14 +88,18 @@ class RLPhase:
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
         on_step: Callable[[], None] | None = None,
-    ) -> tuple[str, dict[str, Any]]:
-        """Run ``rl.steps`` on-policy steps; return the checkpoint path and metrics (means over
-        the phase, and each step's under ``"per_step"``)."""
+    ) -> PhaseResult:
+        """Run ``rl.steps`` on-policy steps and checkpoint.
+
+        A sample whose reward failed or whose episode outgrew the context window is left out
+        and counted (``skipped_reward``, ``skipped_context``); a step without any signal (all
+        groups equal, no pair) trains nothing and is counted in ``steps_trained``.
+        """
         if not train:
             raise SpecError("rl.enabled: task.splits.train is 0, so there is nothing to train on")
         trainer = self._trainer()
-        totals: dict[str, float] = {}
         per_step: list[dict[str, float]] = []
+        rollouts: list[Trajectory] = []
         trained = 0
         for step in range(self.cfg.steps):
             rng = random.Random(request_seed(self.seed, "rl", generation, step))
@@ -83,33 +108,60 @@ class RLPhase:
             trajs = await rollout([
                 (g, ex, first + k) for g in elite for ex in inputs for k in range(self.cfg.group_size)
             ], self.ctx, self.reward)
-            rewards = [t.reward or 0.0 for t in trajs]
-            reward_mean = sum(rewards) / len(rewards)
-            accuracy = sum(r >= 1.0 for r in rewards) / len(rewards)
-            totals["reward_mean"] = totals.get("reward_mean", 0.0) + reward_mean
-            per_step.append({"step": float(step), "reward_mean": reward_mean, "accuracy": accuracy})
-            steps, advs = episode_advantages(trajs, lambda t: (t.agent_id, t.input_id), self.cfg)
-            if not steps:
-                if on_step is not None:
-                    on_step()
-                continue  # every group had equal rewards: no gradient (DAPO dynamic sampling)
-            batch = build_batch(steps, advs, self.backend.pad_id)
+            earlier = list(rollouts)
+            rollouts.extend(trajs)
+            usable = [t for t in trajs if t.skip is None]
+            rewards = [t.reward or 0.0 for t in usable] or [0.0]
+            row: dict[str, float] = {
+                "step": float(step),
+                "reward_mean": sum(rewards) / len(rewards),
+                "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+                **{f"skipped_{why}": 0.0 for why in ("reward", "context")},
+            }
+            for t in trajs:
+                if t.skip is not None:
+                    row[f"skipped_{t.skip}"] = row.get(f"skipped_{t.skip}", 0.0) + 1
+            per_step.append(row)
             try:
-                metrics = await asyncio.to_thread(trainer.train_step, batch)
+                metrics = await self._step(trainer, usable, earlier, inputs)
             except RLError as e:
                 raise RLError(f"RL step {step} of generation {generation}: {e}") from e
-            trained += 1
-            per_step[-1].update(metrics)
+            if metrics is not None:
+                trained += 1
+                row.update(metrics)
             if on_step is not None:
                 on_step()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
-        out: dict[str, Any] = {
-            k: v / max(trained if k != "reward_mean" else self.cfg.steps, 1) for k, v in totals.items()
+        keys = {k for r in per_step for k in r if k != "step"}
+        means = {
+            k: sum(r[k] for r in per_step if k in r) / max(sum(k in r for r in per_step), 1)
+            for k in keys
         }
-        out["steps_trained"] = float(trained)
-        out["per_step"] = per_step  # the report's RL curves
+        out: dict[str, Any] = {**means, "steps_trained": float(trained), "per_step": per_step}
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"gen{generation:03d}.pt"
         trainer.save_checkpoint(path)
-        return str(path.relative_to(self.dir.parent)), out  # relative: the run folder may move
+        # relative: the run folder may move
+        return PhaseResult(str(path.relative_to(self.dir.parent)), out, rollouts)
+
+    async def _step(
+        self, trainer: Trainer, usable: list[Trajectory], earlier: list[Trajectory],
+        inputs: Sequence[Example],
+    ) -> dict[str, float] | None:
+        """One optimizer step on this step's samples (``earlier``: this phase's previous
+        rollouts, not archived yet); None when they carry no signal."""
+        pad = self.backend.pad_id
+        if self.cfg.algorithm == DPO:
+            ids = {ex.id for ex in inputs}
+            older = self.history([ex.id for ex in inputs]) if self.history is not None else []
+            pool = [*usable, *(t for t in earlier if t.input_id in ids), *older]
+            steps, eps, pairs = preference_pairs(pool, lambda t: t.input_id, self.cfg.dpo_pairs)
+            if not pairs:
+                return None
+            batch = build_batch(steps, [0.0] * len(steps), pad, eps)
+            chosen = torch.tensor([c for c, _ in pairs], dtype=torch.long)
+            rejected = torch.tensor([r for _, r in pairs], dtype=torch.long)
+            return await asyncio.to_thread(trainer.train_pairs, batch, chosen, rejected)
+        steps, advs, eps = episode_advantages(usable, lambda t: (t.agent_id, t.input_id), self.cfg)
+        if not steps:
+            return None  # every group had equal rewards: no gradient (DAPO dynamic sampling)
+        return await asyncio.to_thread(trainer.train_step, build_batch(steps, advs, pad, eps))

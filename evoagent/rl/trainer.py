@@ -14,6 +14,10 @@ Departures from PPO/GRPO as usually written (TRL, verl):
 - Gradient accumulation is exact for the registered aggregations: each micro-batch's loss is
   scaled by its share of the full batch's aggregation weights, obtained by differentiating the
   aggregation itself (it is linear in the per-token loss), so no aggregation is special-cased.
+- ``train_pairs`` is the DPO step (preference pairs of whole episodes); it is exact under
+  micro-batching too (see its docstring).
+- The learning-rate schedule is transformers' (``rl.lr_schedule``); its state is checkpointed
+  with the optimizer's, so a resumed run continues on the same curve.
 - The trainer owns its torch RNG stream (dropout): each step runs under ``fork_rng`` from a state
   seeded by ``seed`` and saved in checkpoints, so training neither reads nor disturbs the
   process-wide RNG, and a resumed trainer continues bit for bit.
@@ -21,6 +25,7 @@ Departures from PPO/GRPO as usually written (TRL, verl):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
@@ -34,10 +39,10 @@ from evoagent.errors import RLError
 from evoagent.memory import release_memory
 from evoagent.rl.batch import TokenBatch
 from evoagent.rl.config import RLConfig
-from evoagent.rl.losses import LossConfig, LossInputs, get_aggregation, get_policy_loss
+from evoagent.rl.losses import LossConfig, LossInputs, dpo, get_aggregation, get_policy_loss
 from evoagent.rl.policy import base_model, reference_logprobs, token_logprobs
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: + scheduler state
 
 
 class Trainer:
@@ -66,6 +71,7 @@ class Trainer:
             raise RLError("the model has no trainable parameters")
         self._device = self._params[0].device
         self.optimizer = torch.optim.AdamW(self._params, lr=cfg.lr)
+        self.scheduler = _scheduler(self.optimizer, cfg)
         self._loss = get_policy_loss(cfg.policy_loss)
         self._loss_cfg = cfg.loss_config()
         self._rng: dict[str, Tensor] = {"cpu": torch.Generator().manual_seed(seed).get_state()}
@@ -92,7 +98,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         sums: dict[str, float] = {}
-        with torch.random.fork_rng(devices=self._rng_devices()):
+        with torch.random.fork_rng(devices=self._rng_devices()), self._autocast():
             self._set_rng(self._rng)
             for mb, scale in zip(micro, scales):
                 out = self._loss(self._inputs(mb), self._loss_cfg)
@@ -105,15 +111,65 @@ class Trainer:
         if not math.isfinite(grad_norm) or not math.isfinite(total):
             self.optimizer.zero_grad(set_to_none=True)
             raise RLError(f"non-finite loss {total} or grad norm {grad_norm}; step skipped")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        release_memory()
-        self.step += 1
+        self._apply(grad_norm, total)
         metrics = {k: v / tokens for k, v in sums.items()}
         metrics.update(
             loss=total, grad_norm=grad_norm, tokens=float(tokens), rows=float(batch.rows)
         )
         return metrics
+
+    def train_pairs(self, batch: TokenBatch, chosen: Tensor, rejected: Tensor) -> dict[str, float]:
+        """One DPO step on preference pairs: ``chosen[i]`` and ``rejected[i]`` are episode ids
+        (``batch.episode`` values); an episode's logprob is the sum over all its rows' trained
+        tokens. The reference is the base model (LoRA adapter disabled).
+
+        Exact under any micro-batching although the loss is not linear in the tokens: a first
+        pass without gradients computes every episode's logprob (policy and reference), the loss
+        gives d loss / d episode-logprob, and a second pass backpropagates each micro-batch's
+        rows weighted by their episode's coefficient. It costs one extra forward pass.
+        """
+        batch = batch.to(self._device).by_length()
+        if batch.tokens == 0:
+            raise RLError("batch has no trained tokens")
+        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum)
+        n_ep = int(batch.episode.max()) + 1
+        t = self.cfg.temperature
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.random.fork_rng(devices=self._rng_devices()), self._autocast():
+            self._set_rng(self._rng)
+            policy = torch.zeros(n_ep, device=self._device)  # (E,)
+            ref = torch.zeros(n_ep, device=self._device)  # (E,)
+            with torch.no_grad():
+                for mb in micro:
+                    args = (mb.input_ids, mb.attention_mask, t, mb.loss_mask)
+                    policy.index_add_(0, mb.episode, _row_sums(token_logprobs(self.model, *args), mb))
+                    ref.index_add_(0, mb.episode, _row_sums(reference_logprobs(self.model, *args), mb))
+            leaf = policy.clone().requires_grad_(True)
+            out = dpo(leaf[chosen], leaf[rejected], ref[chosen], ref[rejected], self.cfg.dpo_beta)
+            (coeff,) = torch.autograd.grad(out.loss, leaf)  # (E,) d loss / d episode logprob
+            for mb in micro:
+                logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, t, mb.loss_mask)
+                (_row_sums(logp, mb) * coeff[mb.episode]).sum().backward()
+            self._rng = self._get_rng()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm))
+        total = float(out.loss.detach())
+        if not math.isfinite(grad_norm) or not math.isfinite(total):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RLError(f"non-finite loss {total} or grad norm {grad_norm}; step skipped")
+        self._apply(grad_norm, total)
+        return {
+            **out.metrics, "loss": total, "grad_norm": grad_norm, "pairs": float(len(chosen)),
+            "tokens": float(batch.tokens), "rows": float(batch.rows),
+        }
+
+    def _apply(self, grad_norm: float, loss: float) -> None:
+        """Take the optimizer and scheduler step of gradients already checked to be finite."""
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        release_memory()
+        self.step += 1
 
     def _inputs(self, mb: TokenBatch) -> LossInputs:
         """LossInputs of one micro-batch (see the module docstring for old vs rollout logp)."""
@@ -144,15 +200,23 @@ class Trainer:
             row += mb.rows
         return scales
 
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        """bf16 autocast of the forward passes on a CUDA device that supports it (optimizer
+        state and loss stay fp32); on CPU the policy's own dtype (``policy.dtype``) decides."""
+        if self.cfg.autocast and self._device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, path: Path) -> None:
-        """Write trainable weights, optimizer, step and RNG to ``path`` atomically."""
+        """Write trainable weights, optimizer, scheduler, step and RNG to ``path`` atomically."""
         state = {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
             "weights": self._weights(),
             "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
             "rng": self._rng,
         }
         path = Path(path)
@@ -186,6 +250,7 @@ class Trainer:
             else:
                 self.model.load_state_dict(state["weights"], strict=True)
             self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise RLError(f"checkpoint {path} does not fit this model: {e}") from e
         self.step = int(state["step"])
@@ -219,3 +284,18 @@ def _agg_weights(mask: Tensor, cfg: LossConfig) -> Tensor:
     with torch.enable_grad():
         (g,) = torch.autograd.grad(get_aggregation(cfg.agg)(x, mask, cfg), x, allow_unused=True)
     return torch.zeros_like(x) if g is None else g
+
+
+def _row_sums(logp: Tensor, mb: TokenBatch) -> Tensor:
+    """(b,) each row's summed logprob over its trained tokens."""
+    return (logp * mb.loss_mask).sum(dim=1)
+
+
+def _scheduler(optimizer: torch.optim.Optimizer, cfg: RLConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """transformers' schedule named by ``cfg.lr_schedule`` (state saved in checkpoints)."""
+    from transformers import get_scheduler
+
+    name = "constant_with_warmup" if cfg.lr_schedule == "constant" else cfg.lr_schedule
+    return get_scheduler(
+        name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.schedule_steps
+    )

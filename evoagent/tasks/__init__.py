@@ -1,6 +1,7 @@
 """Tasks: datasets and splits, answer extractors, rewards."""
 
 from evoagent.tasks.datasets import Example, known_datasets, load_examples, split
+from evoagent.tasks.envs import known_environments, make_episode
 from evoagent.tasks.extract import get_extractor, known_extractors
 from evoagent.tasks.rewards import known_rewards, score
 
@@ -8,9 +9,11 @@ __all__ = [
     "Example",
     "get_extractor",
     "known_datasets",
+    "known_environments",
     "known_extractors",
     "known_rewards",
     "load_examples",
+    "make_episode",
     "score",
     "split",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
 from evoagent.llm.types import GenerationRequest
@@ -92,3 +93,24 @@ def test_a_call_over_the_token_budget_is_decoded_in_parts_with_the_same_results(
     got = asyncio.run(parted.generate(requests))
     assert len(calls) > 1 and sum(calls) == len(requests)
     assert [g.completion_ids for g in got] == [g.completion_ids for g in whole]
+
+
+def test_a_context_longer_than_the_model_window_is_refused(tiny_backend):
+    from evoagent.errors import BackendError
+
+    with pytest.raises(BackendError, match=r"policy\.max_context: 4096 exceeds .*2048 positions"):
+        tiny_backend(max_context=4096)
+
+
+def test_continuation_appends_only_the_new_turns(tiny_backend, tiny_tokenizer):
+    backend = tiny_backend()
+    chat = ({"role": "user", "content": "Calculate 12 + 7."},)
+    first = asyncio.run(backend.generate([GenerationRequest(chat, max_tokens=5, temperature=1.0, seed=3)]))[0]
+    turn = (*chat, {"role": "assistant", "content": first.text}, {"role": "user", "content": "Observation: 19"})
+    prefix = first.prompt_ids + first.completion_ids
+    second = asyncio.run(backend.generate(
+        [GenerationRequest(turn, max_tokens=5, temperature=1.0, seed=4, prefix_ids=prefix)]))[0]
+    assert second.prompt_ids[: len(prefix)] == prefix
+    new = tiny_tokenizer.decode(list(second.prompt_ids[len(prefix) :]))
+    closing = "" if prefix[-1] in backend.eos_ids else "<|im_end|>"
+    assert new == closing + "\n<|im_start|>user\nObservation: 19<|im_end|>\n<|im_start|>assistant\n"

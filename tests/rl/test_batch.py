@@ -35,7 +35,7 @@ def test_build_batch_keeps_ids_and_masks_only_completions(step):
     assert batch.loss_mask.tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 1]]
     # old_logp sits at the target token's own position
     assert batch.old_logp.tolist() == [[0, 0, 0, -0.5, -0.25], [0, -1.0, -2.0, -3.0, -4.0]]
-    assert batch.advantages.tolist() == [1.5, -0.5]
+    assert batch.advantages.tolist() == [[0, 0, 0, 1.5, 1.5], [0, -0.5, -0.5, -0.5, -0.5]]
     assert batch.tokens == 6
 
 
@@ -46,18 +46,30 @@ def test_build_batch_right_pads(step):
     assert batch.loss_mask.tolist() == [[0, 0, 1, 0, 0], [0, 1, 1, 1, 1]]
 
 
-def test_multi_turn_rows_are_the_generated_ids(step):
+def test_steps_of_different_episodes_stay_separate_rows(step):
     # turn 1 generates [20, 21]; a tool answers [30, 31]; turn 2 sees all of it as prompt
     first = step([1, 2, 3], [20, 21])
     second = step([1, 2, 3, 20, 21, 30, 31], [22, 23, 24])
-    batch = build_batch([first, second], [1.0, 1.0], pad_id=PAD)
+    batch = build_batch([first, second], [1.0, 1.0], pad_id=PAD)  # no episodes: one row each
     for row, s in enumerate([first, second]):
         n = len(s.prompt_ids) + len(s.completion_ids)
         assert batch.input_ids[row, :n].tolist() == list(s.prompt_ids + s.completion_ids)
         trained = batch.input_ids[row][batch.loss_mask[row] > 0].tolist()
         assert trained == list(s.completion_ids)
-    # the earlier completion and the tool text are prompt in turn 2: never trained there
     assert batch.loss_mask[1, :7].sum() == 0
+    other = build_batch([first, second], [1.0, 1.0], pad_id=PAD, episodes=[0, 1])
+    assert other.rows == 2
+
+
+def test_multi_turn_episode_is_one_row_with_env_tokens_masked(step):
+    first = step([1, 2, 3], [20, 21], logprobs=[-0.1, -0.2])
+    second = step([1, 2, 3, 20, 21, 30, 31], [22, 23, 24], logprobs=[-0.3, -0.4, -0.5])
+    batch = build_batch([first, second], [2.0, -1.0], pad_id=PAD, episodes=[7, 7])
+    assert batch.rows == 1 and batch.episode.tolist() == [7]
+    assert batch.input_ids[0].tolist() == [1, 2, 3, 20, 21, 30, 31, 22, 23, 24]
+    assert batch.loss_mask[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]  # env tokens 30, 31: 0
+    assert batch.old_logp[0].tolist() == pytest.approx([0, 0, 0, -0.1, -0.2, 0, 0, -0.3, -0.4, -0.5])
+    assert batch.advantages[0].tolist() == [0, 0, 0, 2.0, 2.0, 0, 0, -1.0, -1.0, -1.0]
 
 
 def test_build_batch_rejects_malformed(step):
@@ -78,7 +90,7 @@ def test_split_trims_padding_and_keeps_rows(step):
     parts = batch.split(2)
     assert [p.rows for p in parts] == [2, 1]
     assert parts[1].input_ids.tolist() == [[1, 2, 3]]
-    assert parts[1].advantages.tolist() == [3.0]
+    assert parts[1].advantages.tolist() == [[0.0, 0.0, 3.0]]
     assert parts[0].input_ids.shape == (2, 5)
 
 
@@ -164,11 +176,11 @@ def test_grpo_advantages_on_last_steps_and_dynamic_sampling_drops_flat_groups(st
         traj("b", "x", 0.0, [s[5]]),
     ]
     cfg = RLConfig(algorithm="grpo", dynamic_sampling=True)
-    steps, adv = episode_advantages(trajs, _group, cfg)
+    steps, adv, _ = episode_advantages(trajs, _group, cfg)
     assert steps == [s[0], s[1]]
     assert adv == pytest.approx([1.0, -1.0], abs=1e-5)
 
-    steps, adv = episode_advantages(trajs, _group, RLConfig(dynamic_sampling=False))
+    steps, adv, _ = episode_advantages(trajs, _group, RLConfig(dynamic_sampling=False))
     assert steps == s[:6]
     assert adv[2:] == [0.0, 0.0, 0.0, 0.0]
 
@@ -177,7 +189,7 @@ def test_multi_step_episode_broadcasts_and_skips_tool_steps(step, traj):
     tool = ToolStep(node="t", tool="python", argument="1+1", output="2", ok=True)
     a1, a2, b1 = step([1], [2]), step([1, 2, 9], [3]), step([1], [4])
     trajs = [traj("a", "x", 1.0, [a1, tool, a2]), traj("a", "x", 0.0, [b1])]
-    steps, adv = episode_advantages(trajs, _group, RLConfig(algorithm="dr_grpo"))
+    steps, adv, _ = episode_advantages(trajs, _group, RLConfig(algorithm="dr_grpo"))
     assert steps == [a1, a2, b1]
     assert adv == pytest.approx([0.5, 0.5, -0.5])
 
@@ -185,7 +197,7 @@ def test_multi_step_episode_broadcasts_and_skips_tool_steps(step, traj):
 def test_episode_without_llm_steps_still_counts_in_the_baseline(step, traj):
     a = step([1], [2])
     trajs = [traj("a", "x", 0.0, [a]), traj("a", "x", 1.0, [])]
-    steps, adv = episode_advantages(trajs, _group, RLConfig(algorithm="dr_grpo"))
+    steps, adv, _ = episode_advantages(trajs, _group, RLConfig(algorithm="dr_grpo"))
     assert steps == [a]
     assert adv == pytest.approx([-0.5])
 
@@ -195,7 +207,7 @@ def test_gigpo_maps_anchors(step, traj):
         traj("a", "x", 1.0, [step([1], [2], anchor="n:s0"), step([1, 2], [3], anchor="n:s1")]),
         traj("a", "x", 0.0, [step([1], [4], anchor="n:s0")]),
     ]
-    steps, adv = episode_advantages(trajs, _group, RLConfig(algorithm="gigpo", gamma=1.0))
+    steps, adv, _ = episode_advantages(trajs, _group, RLConfig(algorithm="gigpo", gamma=1.0))
     assert len(steps) == 3
     # episode level: +-0.5; step level at anchor s0: returns 1 and 0 -> +-0.5; s1 singleton -> 0
     assert adv == pytest.approx([1.0, 0.5, -1.0])
@@ -218,7 +230,7 @@ def test_rft_keeps_top_k_successes_per_group(step, traj):
         traj("b", "x", 0.0, [s[5]]),  # no success: nothing kept
         traj("b", "y", 0.2, [s[6]]),
     ]
-    steps, adv = episode_advantages(trajs, _group, RLConfig(algorithm="rft", rft_top_k=2))
+    steps, adv, _ = episode_advantages(trajs, _group, RLConfig(algorithm="rft", rft_top_k=2))
     assert steps == [s[1], s[2], s[4], s[6]]
     assert adv == [1.0] * 4
 
@@ -230,7 +242,7 @@ def test_config_rejects_unknown_names_listing_known():
     with pytest.raises(ValidationError) as e:
         RLConfig(algorithm="ppo2")
     msg = str(e.value)
-    assert "ppo2" in msg and "rft" in msg
+    assert "ppo2" in msg and "rft" in msg and "dpo" in msg
     for name in known_advantages():
         assert name in msg
     with pytest.raises(ValidationError, match="clip"):
@@ -243,6 +255,10 @@ def test_config_rejects_unknown_names_listing_known():
         RLConfig(lora_rnk=8)  # extra keys are forbidden
     with pytest.raises(ValidationError, match="reference"):
         RLConfig(full_finetune=True, kl_beta=0.1)
+    with pytest.raises(ValidationError, match="reference"):
+        RLConfig(full_finetune=True, algorithm="dpo")
+    with pytest.raises(ValidationError, match="schedule_steps"):
+        RLConfig(lr_schedule="cosine")
 
 
 def test_config_sub_configs():

@@ -11,6 +11,7 @@ from evoagent.errors import RLError, SpecError
 from evoagent.rl.losses import (
     LossConfig,
     LossInputs,
+    dpo,
     get_aggregation,
     get_policy_loss,
     known_aggregations,
@@ -189,3 +190,24 @@ def test_bad_config_and_shapes_raise() -> None:
         LossConfig(clip_low=1.0)
     with pytest.raises(RLError, match="advantages"):
         LossInputs(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
+
+
+def test_dpo_hand_computed() -> None:
+    # pair 0: margin = (-1 - -2) - (-3 - -3) = 1;  pair 1: margin = (-2 - -1) - (-1 - -1) = -1
+    pc = torch.tensor([-1.0, -2.0], dtype=f64, requires_grad=True)
+    pr = torch.tensor([-3.0, -1.0], dtype=f64, requires_grad=True)
+    rc, rr = torch.tensor([-2.0, -1.0], dtype=f64), torch.tensor([-3.0, -1.0], dtype=f64)
+    out = dpo(pc, pr, rc, rr, beta=0.5)
+    # -mean(log sigmoid(0.5), log sigmoid(-0.5)) = mean(log(1+e^-0.5), log(1+e^0.5))
+    want = (math.log1p(math.exp(-0.5)) + math.log1p(math.exp(0.5))) / 2
+    assert float(out.loss.detach()) == pytest.approx(want)
+    assert out.metrics["reward_margin"] == pytest.approx(0.0)
+    assert out.metrics["pair_accuracy"] == pytest.approx(0.5)
+    out.loss.backward()
+    # d/d pc_i = -beta * sigmoid(-beta m_i) / P: pair 0 sigmoid(-0.5), pair 1 sigmoid(0.5)
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    assert pc.grad is not None and pr.grad is not None
+    torch.testing.assert_close(pc.grad, torch.tensor([-0.25 * sig(-0.5), -0.25 * sig(0.5)], dtype=f64))
+    torch.testing.assert_close(pr.grad, -pc.grad)
+    with pytest.raises(RLError, match="four"):
+        dpo(pc[:1], pr, rc, rr, beta=0.5)

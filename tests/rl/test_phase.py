@@ -4,6 +4,7 @@ samples from the trained weights at once (weight sync), and a checkpoint restore
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 from evoagent.execute.executor import ExecContext
@@ -45,7 +46,9 @@ def test_train_updates_the_served_policy_and_checkpoints(tiny_backend, tmp_path)
     train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
     rl = phase(backend, tmp_path)
     ticks = []
-    path, metrics = asyncio.run(rl.train([GRAPH], train, generation=2, on_step=lambda: ticks.append(1)))
+    res = asyncio.run(rl.train([GRAPH], train, generation=2, on_step=lambda: ticks.append(1)))
+    path, metrics = res.checkpoint, res.metrics
+    assert len(res.rollouts) == 2 * 2 * 4  # steps x inputs x group: archived by the loop
     assert metrics["steps_trained"] == 2 and "loss" in metrics and 0 <= metrics["reward_mean"] <= 1
     assert len(ticks) == 2 and [s["step"] for s in metrics["per_step"]] == [0.0, 1.0]  # progress, curves
     assert (tmp_path / path).is_file()
@@ -61,7 +64,7 @@ def test_train_updates_the_served_policy_and_checkpoints(tiny_backend, tmp_path)
 def test_rft_trains_only_on_successes(tiny_backend, tmp_path):
     backend = tiny_backend()
     train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
-    _, metrics = asyncio.run(phase(backend, tmp_path, algorithm="rft").train([GRAPH], train, 1))
+    metrics = asyncio.run(phase(backend, tmp_path, algorithm="rft").train([GRAPH], train, 1)).metrics
     assert metrics["steps_trained"] >= 1
 
 
@@ -77,7 +80,7 @@ def test_a_model_that_scores_nothing_trains_nothing_and_stays_finite(tiny_backen
     rl = phase(backend, tmp_path, dynamic_sampling=True)
     rl.reward = RewardConfig(kind="python", ref=f"{__name__}:nothing", extract="raw")
     train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
-    _, metrics = asyncio.run(rl.train([GRAPH], train, generation=2))
+    metrics = asyncio.run(rl.train([GRAPH], train, generation=2)).metrics
     assert metrics["steps_trained"] == 0 and metrics["reward_mean"] == 0.0
     assert all(torch.isfinite(p).all() for p in backend.model.parameters())
 
@@ -102,3 +105,51 @@ def test_disk_full_while_writing_a_checkpoint_is_a_clear_error_and_leaves_no_fil
     with pytest.raises(RLError, match=r"No space left on device.*--resume"):
         asyncio.run(rl.train([GRAPH], train, generation=2))
     assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+CALLS = itertools.count(1)  # next() is atomic: rewards run in worker threads
+
+
+def flaky(answer: str, example) -> float:
+    """Raises, returns NaN, returns garbage or scores, in turn."""
+    k = next(CALLS) % 4
+    if k == 0:
+        raise ValueError("the grader fell over")
+    if k == 1:
+        return float("nan")
+    return float(len(answer) % 2) if k == 2 else "not a number"  # type: ignore[return-value]
+
+
+def test_raising_and_nan_rewards_are_skipped_and_counted(tiny_backend, tmp_path):
+    import torch
+
+    backend = tiny_backend()
+    rl = phase(backend, tmp_path)
+    rl.reward = RewardConfig(kind="python", ref=f"{__name__}:flaky", extract="raw")
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
+    res = asyncio.run(rl.train([GRAPH], train, generation=2))
+    skipped = [s["skipped_reward"] for s in res.metrics["per_step"]]
+    assert sum(skipped) == 3 * 2 * 2 * 4 / 4  # three of every four samples failed to score
+    assert all(t.skip == "reward" and t.reward == 0.0 for t in res.rollouts if t.error)
+    assert all(torch.isfinite(p).all() for p in backend.model.parameters())
+
+
+def test_dpo_pairs_fresh_rollouts_with_archived_ones(tiny_backend, tmp_path):
+    import torch
+
+    backend = tiny_backend()
+    asked: list[list[str]] = []
+
+    def history(ids):
+        asked.append(list(ids))
+        return []
+
+    rl = phase(backend, tmp_path, algorithm="dpo")
+    rl.history = history
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
+    before = logprobs(backend)
+    metrics = asyncio.run(rl.train([GRAPH], train, generation=1)).metrics
+    assert metrics["steps_trained"] >= 1 and metrics["pairs"] >= 1
+    assert len(asked) == 2 and all(len(ids) == 2 for ids in asked)  # the archive was asked
+    assert logprobs(backend) != before
+    assert all(torch.isfinite(p).all() for p in backend.model.parameters())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -130,7 +132,12 @@ def test_trainer_rejects_unusable_models_and_batches(make_model, step):
 
 @pytest.mark.parametrize("full", [False, True])
 def test_checkpoint_resumes_exactly(make_model, step, tmp_path, full):
-    cfg = RLConfig(lr=1e-2, lora_rank=4, full_finetune=full)
+    """2 steps, a checkpoint, a fresh process state, 1 step == 3 steps straight: weights,
+    optimizer moments, the learning-rate schedule and the dropout RNG all come back."""
+    cfg = RLConfig(
+        lr=1e-2, lora_rank=4, full_finetune=full, lr_schedule="cosine", warmup_steps=1,
+        schedule_steps=5,
+    )
     batch = _batch(step)
     a = Trainer(attach_lora(make_model(), cfg), cfg, pad_id=PAD, seed=7)
     a.train_step(batch)
@@ -145,6 +152,7 @@ def test_checkpoint_resumes_exactly(make_model, step, tmp_path, full):
     assert b.step == 2
     b.train_step(batch)
     assert b.step == 3
+    assert b.scheduler.get_last_lr() == a.scheduler.get_last_lr() != [cfg.lr]
     got = _lora_params(b.model)
     assert got.keys() == want.keys()
     for n in want:
@@ -162,3 +170,25 @@ def test_load_checkpoint_rejects_garbage(make_model, tmp_path):
     torch.save({"format": 99}, tmp_path / "old.pt")
     with pytest.raises(RLError, match="format"):
         trainer.load_checkpoint(tmp_path / "old.pt")
+
+
+def test_dpo_raises_the_chosen_side_and_accumulates_exactly(make_model, step):
+    # episodes 0 and 1 are one pair; episode 0 spans two rows (two nodes of one agent)
+    steps = [step([3, 4, 5], [6, 7, 8]), step([3, 9], [10]), step([3, 4, 5], [11, 12])]
+    batch = build_batch(steps, [0.0] * 3, pad_id=PAD, episodes=[0, 0, 1])
+    chosen, rejected = torch.tensor([0]), torch.tensor([1])
+    results = []
+    for kw in ({}, {"micro_batch_tokens": 4}):
+        cfg = RLConfig(algorithm="dpo", lr=1e-2, lora_rank=4, max_grad_norm=1e9, **kw)
+        model = attach_lora(make_model(), cfg)
+        trainer = Trainer(model, cfg, pad_id=PAD, seed=0)
+        m0 = trainer.train_pairs(batch, chosen, rejected)
+        assert m0["loss"] == pytest.approx(math.log(2.0), abs=1e-6)  # adapter at 0: pi == ref
+        for _ in range(5):
+            m = trainer.train_pairs(batch, chosen, rejected)
+        results.append((_lora_params(model), m0["grad_norm"]))
+        assert m["reward_margin"] > 0 and m["pair_accuracy"] == 1.0
+    (p1, g1), (p2, g2) = results
+    assert g2 == pytest.approx(g1, rel=1e-4)
+    for n in p1:
+        torch.testing.assert_close(p2[n], p1[n], rtol=1e-4, atol=1e-6)
