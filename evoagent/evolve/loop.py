@@ -75,6 +75,7 @@ class RLPhaseResult(Protocol):
     checkpoint: str
     metrics: dict[str, Any]
     rollouts: list[Trajectory]
+    archive: bool
 
 
 @dataclass
@@ -336,7 +337,8 @@ class Search:
         elite = [graph(c) for c in pool[: self.spec.rl.elite]]
         self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
         res = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance)
-        pending.trajectories.extend(("train", t, version) for t in res.rollouts)
+        if res.archive:
+            pending.trajectories.extend(("train", t, version) for t in res.rollouts)
         path, metrics = res.checkpoint, res.metrics
         skipped = {k: int(sum(s.get(k, 0) for s in metrics["per_step"]))
                    for k in ("skipped_reward", "skipped_context")}

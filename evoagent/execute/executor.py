@@ -298,9 +298,14 @@ async def _turns(
     """What answers the model's replies, the system prompt, the stop strings, and the episode
     being played (None for a ReAct loop)."""
     if node.env is not None:
-        episode = await asyncio.wait_for(
-            asyncio.to_thread(make_episode, node.env, example), ctx.tool_timeout_s
-        )
+        try:
+            episode = await asyncio.wait_for(
+                asyncio.to_thread(make_episode, node.env, example), ctx.tool_timeout_s
+            )
+        except TimeoutError:
+            raise RuntimeError(
+                f"env {node.env!r} did not start an episode within {ctx.tool_timeout_s}s"
+            ) from None
 
         async def play(reply: str) -> tuple[str, str | None]:
             t0 = time.perf_counter()

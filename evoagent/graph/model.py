@@ -86,6 +86,9 @@ class Edge(_Frozen):
     p: float | None = Field(None, ge=0, le=1, description="GPTSwarm-style edge probability")
 
 
+_LATER_FIELDS = ("env",)  # node fields left out of the canonical form while None (see canonical)
+
+
 class AgentGraph(_Frozen):
     """An agent program. Build it with ``from_dict``/``load_graph``; validate with ``validate``."""
 
@@ -111,8 +114,14 @@ class AgentGraph(_Frozen):
         return g
 
     def canonical(self) -> dict:
-        """Order-independent content: nodes by id, edges by (src, dst), defaults included."""
+        """Order-independent content: nodes by id, edges by (src, dst), defaults included,
+        except fields added after the first release while they hold their ``None`` default
+        (``_LATER_FIELDS``), so that adding a field never changes the id of an archived agent."""
         data = self.model_dump(mode="json", exclude={"name"})
+        for n in data["nodes"]:
+            for key in _LATER_FIELDS:
+                if key in n and n[key] is None:
+                    del n[key]
         data["nodes"] = sorted(data["nodes"], key=lambda n: n["id"])
         data["edges"] = sorted(data["edges"], key=lambda e: (e["src"], e["dst"]))
         return data

@@ -141,22 +141,23 @@ class HFBackend:
         (unless the model already emitted it, ``after_eos``), the later turns, and the next
         assistant header. Only these are tokenized; the ids before stay as sampled.
 
-        The template renders the last assistant turn with a marker for its content, so the
-        closing text is read off the template itself rather than assumed (works for any
-        template whose rendering of earlier turns does not change when turns are added).
+        The template renders the chat with a marker for the last assistant turn's content, and
+        everything after the marker is the continuation: the closing of that turn is read off
+        the template itself rather than assumed. Templates that render earlier turns
+        differently once more turns follow (Qwen3 drops the empty think block) are fine: only
+        the text after the marker is used, and the ids before it stay as sampled.
         """
         roles = [m["role"] for m in messages]
         if "assistant" not in roles:
             raise BackendError("prefix_ids needs an assistant turn in the request's messages")
         last = len(roles) - 1 - roles[::-1].index("assistant")
         head = [*self._with_system(messages[:last]), {"role": "assistant", "content": _MARK}]
-        closed = self.tokenizer.apply_chat_template(head, tokenize=False)
         full = self.tokenizer.apply_chat_template(
             [*head, *messages[last + 1 :]], tokenize=False, add_generation_prompt=True
         )
-        if not full.startswith(closed):
-            raise BackendError("the chat template re-renders earlier turns; token-in is impossible")
-        text = closed[closed.rindex(_MARK) + len(_MARK) :] + full[len(closed) :]
+        if _MARK not in full:
+            raise BackendError("the chat template drops the assistant turn; token-in is impossible")
+        text = full[full.rindex(_MARK) + len(_MARK) :]
         eos_text = self.tokenizer.convert_ids_to_tokens(sorted(self.eos_ids))
         if after_eos:
             for t in eos_text:

@@ -16,8 +16,9 @@ class GenerationRequest:
     completion's text) plus new turns: the backend keeps the prefix verbatim and appends only the
     tokens of the new turns, so a multi-turn episode is one token stream in which every model
     token is exactly what was sampled (token-in/token-out; nothing earlier is re-tokenized).
-    ``messages`` stays the whole chat: the cache key, and what a backend without token access
-    renders instead.
+    ``messages`` stays the whole chat: the cache key and the text of every turn. A backend
+    must return ``prompt_ids`` that start with ``prefix_ids`` unless it had to truncate the
+    prompt to its context window (the executor then ends the episode).
     """
 
     messages: tuple[Message, ...]

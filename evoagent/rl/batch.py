@@ -7,6 +7,9 @@ row: ``policy_mask`` (``loss_mask``) is 1 on each turn's completion tokens and 0
 environment tokens between them, and each turn's tokens carry that turn's advantage (GiGPO
 gives turns different ones). Other steps are rows of their own (prompt masked, completion
 trained). One forward pass then scores a whole multi-turn episode instead of one pass per turn.
+For the loss aggregations such a row is one sequence (as in verl-agent and RAGEN):
+``seq_mean_token_mean`` averages over the whole episode's tokens, and ``seq_sum_norm``'s
+``max_completion_tokens`` should then be the episode's budget (turns x tokens per turn).
 
 Alignment: every (B, L) tensor is indexed by the *target* token. ``old_logp[b, t]`` and
 ``loss_mask[b, t]`` describe ``input_ids[b, t]``, whose logprob the model predicts from position

@@ -74,7 +74,8 @@ class RLConfig(BaseModel):
         1.0, gt=0, description="sampling temperature; trainer logprobs use the same"
     )
     max_completion_tokens: int = Field(
-        128, ge=1, description="completion budget; Dr. GRPO seq_sum_norm normaliser"
+        128, ge=1, description="completion budget; Dr. GRPO seq_sum_norm normaliser (for a "
+        "multi-turn loop: the whole episode's, turns x tokens per turn)"
     )
     tis_cap: float | None = Field(
         2.0, gt=0, description="truncated importance-sampling cap (Yao et al. 2025); None = off"

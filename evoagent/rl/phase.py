@@ -6,8 +6,9 @@ The policy trains in place: LoRA is attached to the backend's own model, so weig
 backend is immediate (the loop then bumps ``weights_version``, which retires cached
 completions). Every step re-samples with the current weights (on-policy). Rollout seeds include
 the step index, so no two steps ever share a request and the cache can never serve a stale
-completion inside a phase. The rollouts go back to the loop, which archives them (split
-``train``): that is where later DPO pairs come from.
+completion inside a phase. Under ``dpo`` the rollouts go back to the loop, which archives them
+(split ``train``, tagged with the weights version the phase started from): that is where later
+DPO pairs come from.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ from evoagent.tasks.datasets import Example
 @dataclass
 class PhaseResult:
     """What one RL phase leaves: the checkpoint (relative to the run folder), metrics (means
-    over the phase, each step's under ``"per_step"``), and every rollout, for the archive."""
+    over the phase, each step's under ``"per_step"``), and every rollout. ``archive`` says
+    whether the archive should keep the rollouts (split ``train``): ``dpo`` reads them back
+    as pairs; the other algorithms never do, and multi-turn rollouts are large."""
 
     checkpoint: str
     metrics: dict[str, Any]
     rollouts: list[Trajectory] = field(repr=False, default_factory=list)
+    archive: bool = False
 
 
 History = Callable[[Sequence[str]], list[Trajectory]]  # input ids -> archived train trajectories
@@ -93,7 +97,7 @@ class RLPhase:
 
         A sample whose reward failed or whose episode outgrew the context window is left out
         and counted (``skipped_reward``, ``skipped_context``); a step without any signal (all
-        groups equal, no pair) trains nothing and is counted in ``steps_trained``.
+        groups equal, no pair) trains nothing and is left out of ``steps_trained``.
         """
         if not train:
             raise SpecError("rl.enabled: task.splits.train is 0, so there is nothing to train on")
@@ -141,7 +145,9 @@ class RLPhase:
         path = self.dir / f"gen{generation:03d}.pt"
         trainer.save_checkpoint(path)
         # relative: the run folder may move
-        return PhaseResult(str(path.relative_to(self.dir.parent)), out, rollouts)
+        return PhaseResult(
+            str(path.relative_to(self.dir.parent)), out, rollouts, self.cfg.algorithm == DPO
+        )
 
     async def _step(
         self, trainer: Trainer, usable: list[Trajectory], earlier: list[Trajectory],

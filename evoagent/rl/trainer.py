@@ -238,7 +238,7 @@ class Trainer:
             state = torch.load(Path(path), map_location=self._device, weights_only=True)
         except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
             raise RLError(f"cannot read checkpoint {path}: {e}") from e
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        if not isinstance(state, dict) or state.get("format") not in (1, CHECKPOINT_FORMAT):
             raise RLError(f"{path} is not a format-{CHECKPOINT_FORMAT} trainer checkpoint")
         try:
             if isinstance(self.model, PeftModel):
@@ -250,7 +250,10 @@ class Trainer:
             else:
                 self.model.load_state_dict(state["weights"], strict=True)
             self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
+            if "scheduler" in state:
+                self.scheduler.load_state_dict(state["scheduler"])
+            else:  # format 1 predates schedules: it was trained at a constant lr
+                self.scheduler.last_epoch = int(state["step"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise RLError(f"checkpoint {path} does not fit this model: {e}") from e
         self.step = int(state["step"])

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evoagent.errors import EvoagentError, SpecError
 from evoagent.spec.config import BackendConfig, RunSpec
 from evoagent.spec.load import read_yaml, validate
+
+if TYPE_CHECKING:
+    from evoagent.tasks.datasets import Example
 
 
 def load_spec(path: Path | str) -> RunSpec:
@@ -75,7 +79,10 @@ def check_spec(spec: RunSpec) -> None:
         )
     # Generators and files are cheap next to a model load: build the splits once here, so a
     # dataset that is too small or malformed fails now, not after the model has loaded.
-    split(load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir)), spec.task.splits, spec.seed)
+    examples = load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir))
+    split(examples, spec.task.splits, spec.seed)
+    _check_envs(spec, examples)
+    _check_schedule(spec)
     if spec.rl.enabled and spec.task.splits.train == 0:
         raise SpecError("rl.enabled: task.splits.train is 0, so the RL phase has nothing to train on")
     for field, cfg in (("policy", spec.policy), ("mutator", spec.mutator)):
@@ -85,6 +92,42 @@ def check_spec(spec: RunSpec) -> None:
         trainable = [k for k in known_backends() if backend_entry(k).trainable]
         raise SpecError(f"rl.enabled: policy.kind {spec.policy.kind!r} cannot be trained in place; "
                         f"trainable backends: {trainable}")
+
+
+def _check_envs(spec: RunSpec, examples: list[Example]) -> None:
+    """A seed graph's ``env`` loop must be able to start an episode from this dataset's
+    examples (a textarena env on arithmetic questions would score every run 0 silently)."""
+    from evoagent.graph import load_graph
+    from evoagent.graph.model import LoopNode
+    from evoagent.tasks.envs import make_episode
+
+    for i, g in enumerate(spec.graphs):
+        for node in load_graph(spec.resolve(g)).nodes:
+            if isinstance(node, LoopNode) and node.env is not None and examples:
+                try:
+                    make_episode(node.env, examples[0])
+                except Exception as e:  # the env's own error says what it missed
+                    raise SpecError(
+                        f"graphs[{i}] node {node.id!r}: env {node.env!r} cannot play "
+                        f"task.dataset's examples: {e}"
+                    ) from None
+
+
+def _check_schedule(spec: RunSpec) -> None:
+    """A decaying schedule must cover every RL step the run will take: past its end linear
+    trains at lr 0 and cosine climbs back up."""
+    rl = spec.rl
+    if not rl.enabled or rl.lr_schedule == "constant" or rl.schedule_steps is None:
+        return
+    total = spec.evolve.generations // rl.every * rl.steps
+    if rl.schedule_steps < total:
+        raise SpecError(
+            f"rl.schedule_steps: {rl.schedule_steps} but the run takes {total} RL steps "
+            f"(evolve.generations // rl.every x rl.steps); the {rl.lr_schedule} schedule would "
+            "run past its end"
+        )
+    if rl.warmup_steps >= rl.schedule_steps:
+        raise SpecError("rl.warmup_steps: must be smaller than rl.schedule_steps")
 
 
 __all__ = ["BackendConfig", "RunSpec", "check_spec", "load_spec"]

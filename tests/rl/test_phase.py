@@ -48,7 +48,7 @@ def test_train_updates_the_served_policy_and_checkpoints(tiny_backend, tmp_path)
     ticks = []
     res = asyncio.run(rl.train([GRAPH], train, generation=2, on_step=lambda: ticks.append(1)))
     path, metrics = res.checkpoint, res.metrics
-    assert len(res.rollouts) == 2 * 2 * 4  # steps x inputs x group: archived by the loop
+    assert len(res.rollouts) == 2 * 2 * 4 and not res.archive  # steps x inputs x group; grpo keeps none
     assert metrics["steps_trained"] == 2 and "loss" in metrics and 0 <= metrics["reward_mean"] <= 1
     assert len(ticks) == 2 and [s["step"] for s in metrics["per_step"]] == [0.0, 1.0]  # progress, curves
     assert (tmp_path / path).is_file()

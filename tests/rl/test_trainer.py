@@ -160,6 +160,21 @@ def test_checkpoint_resumes_exactly(make_model, step, tmp_path, full):
     assert not list((tmp_path / "ckpt").glob("*.tmp"))
 
 
+def test_a_checkpoint_from_before_schedules_still_resumes(make_model, step, tmp_path):
+    cfg = RLConfig(lr=1e-2, lora_rank=4)
+    a = Trainer(attach_lora(make_model(), cfg), cfg, pad_id=PAD, seed=0)
+    a.train_step(_batch(step))
+    a.save_checkpoint(tmp_path / "new.pt")
+    state = torch.load(tmp_path / "new.pt", weights_only=True)
+    del state["scheduler"]
+    state["format"] = 1
+    torch.save(state, tmp_path / "old.pt")
+    b = Trainer(attach_lora(make_model(), cfg), cfg, pad_id=PAD, seed=0)
+    b.load_checkpoint(tmp_path / "old.pt")
+    assert b.step == 1 and b.scheduler.get_last_lr() == [cfg.lr]
+    b.train_step(_batch(step))
+
+
 def test_load_checkpoint_rejects_garbage(make_model, tmp_path):
     cfg = RLConfig(lora_rank=4)
     trainer = Trainer(attach_lora(make_model(), cfg), cfg, pad_id=PAD, seed=0)

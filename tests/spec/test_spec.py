@@ -122,3 +122,12 @@ def test_only_a_backend_registered_as_trainable_passes_the_rl_check():
     from evoagent.llm.backend import backend_entry, known_backends
 
     assert {k for k in known_backends() if backend_entry(k).trainable} == {"hf"}
+
+
+def test_a_decaying_lr_schedule_must_cover_every_rl_step(tmp_path):
+    spec = GOOD + (
+        "evolve: {generations: 4}\n"
+        "rl: {enabled: true, every: 1, steps: 2, lr_schedule: cosine, schedule_steps: 6}\n"
+    )
+    with pytest.raises(SpecError, match=r"rl\.schedule_steps: 6 but the run takes 8 RL steps"):
+        check_spec(load_spec(write(tmp_path, spec)))

@@ -94,3 +94,23 @@ def test_episodes_in_threads_get_their_own_board_and_leave_random_alone():
             lambda s: TextArenaEpisode("FrozenLake-v0-train", s).observation(), [5, 6] * 12))
     assert random.random() == want  # textarena's random.seed did not leak out
     assert len(set(firsts[0::2])) == 1 and len(set(firsts[1::2])) == 1
+
+
+def test_an_env_loop_on_a_dataset_it_cannot_play_fails_at_spec_time(tmp_path):
+    from evoagent.spec import check_spec, load_spec
+
+    (tmp_path / "task.yaml").write_text(f"""
+name: t
+task:
+  description: sums
+  dataset: {{kind: reasoning_gym, name: basic_arithmetic, size: 20}}
+  splits: {{train: 2, val: 2, test: 2}}
+graphs: [{ROOT}/examples/frozenlake/play.yaml]
+""")
+    with pytest.raises(SpecError, match=r"graphs\[0\] node 'play': env 'textarena' cannot play"):
+        check_spec(load_spec(tmp_path / "task.yaml"))
+
+
+def test_adding_the_env_field_kept_archived_ids():
+    # the id react.yaml had before LoopNode.env existed: archives made then still resume
+    assert load_graph(ROOT / "graphs" / "react.yaml").id == "fee7d7db8b02"
