@@ -261,7 +261,9 @@ def export(
 @archive_app.command()
 def replay(
     run_dir: Path = RUN, agent_id: str = typer.Argument(..., help="id or unique prefix"),
-    text: str = typer.Option(..., "--input", help="the input to run the agent on"),
+    text: str = typer.Option(
+        ..., "--input", help="the input to run the agent on, or the id of one of the run's "
+        "examples (needed for environments: e.g. FrozenLake-v0-train-5)"),
     as_json: bool = AS_JSON,
 ) -> None:
     """Run the agent once on --input with its own weights and print its trajectory, step by step."""

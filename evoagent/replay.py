@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from evoagent.archive.store import Archive
-from evoagent.errors import ArchiveError, RLError
+from evoagent.errors import ArchiveError, EvoagentError, RLError
 from evoagent.execute.executor import ExecContext, execute
 from evoagent.execute.trajectory import Trajectory
 from evoagent.graph.io import dump_graph, load_graph
@@ -29,8 +29,8 @@ from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import SupportsTraining, make_backend
 from evoagent.rl.config import RLConfig
 from evoagent.rl.policy import LORA_TARGETS
-from evoagent.spec.config import BackendConfig, RunSpec
-from evoagent.tasks.datasets import Example
+from evoagent.spec.config import BackendConfig, RunSpec, TaskConfig
+from evoagent.tasks.datasets import Example, load_examples
 from evoagent.tools import SandboxConfig, ToolContext
 
 ADAPTER_DIR = "adapter"
@@ -49,6 +49,8 @@ class ArchivedAgent:
     rl: RLConfig
     weights_version: int
     checkpoint: Path | None = None
+    task: TaskConfig | None = None  # the run's data: ``run_once`` can replay one of its examples
+    base_dir: Path = Path(".")
 
 
 def archived_agent(archive: Archive, agent_id: str) -> ArchivedAgent:
@@ -69,7 +71,7 @@ def archived_agent(archive: Archive, agent_id: str) -> ArchivedAgent:
             raise ArchiveError(f"weights v{version} of {rec.id} has no checkpoint in {archive.run_dir}")
         checkpoint = archive.run_dir / rows[0]["path"]
     return ArchivedAgent(rec.id, rec.graph, spec.policy, spec.sandbox, spec.seed, spec.rl, version,
-                         checkpoint)
+                         checkpoint, spec.task, Path(spec.base_dir))
 
 
 def adapter_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -95,8 +97,23 @@ def _load_weights(model: nn.Module, weights: dict[str, torch.Tensor], rl: RLConf
         set_peft_model_state_dict(get_peft_model(model, lora_config(rl)), weights)
 
 
+def replay_example(agent: ArchivedAgent, text: str) -> Example:
+    """The run's example whose id is ``text`` (a game board, with the seed an env needs), or
+    ``text`` itself as a new input when no example has that id or the data cannot be loaded."""
+    if agent.task is not None:
+        try:
+            found = [ex for ex in load_examples(agent.task.dataset, agent.seed, agent.base_dir)
+                     if ex.id == text]
+        except EvoagentError:  # the task's data moved: the text is still a valid input
+            found = []
+        if found:
+            return found[0]
+    return Example("replay", text, "")
+
+
 async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None) -> Trajectory:
-    """Run the agent on ``text`` with its own weights, greedy as it was scored.
+    """Run the agent on ``text`` (an example id of its run, or any input) with its own
+    weights, greedy as it was scored.
 
     The weights come from ``agent.checkpoint`` or, for an exported agent, from the peft-format
     ``adapter`` folder that ``export`` wrote.
@@ -111,7 +128,7 @@ async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None)
             _load_weights(backend.trainable_model(), weights, agent.rl)
         backend.weights_version = agent.weights_version
         ctx = ExecContext(backend, ToolContext(agent.sandbox), seed=agent.seed)
-        return await execute(agent.graph, Example("replay", text, ""), ctx)
+        return await execute(agent.graph, replay_example(agent, text), ctx)
     finally:
         await backend.aclose()
 

@@ -114,3 +114,38 @@ graphs: [{ROOT}/examples/frozenlake/play.yaml]
 def test_adding_the_env_field_kept_archived_ids():
     # the id react.yaml had before LoopNode.env existed: archives made then still resume
     assert load_graph(ROOT / "graphs" / "react.yaml").id == "fee7d7db8b02"
+
+
+def test_replay_by_example_id_plays_that_board(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from evoagent.archive import Archive
+    from evoagent.cli import app
+
+    (tmp_path / "task.yaml").write_text(f"""
+name: lake
+task:
+  description: FrozenLake
+  dataset: {{kind: textarena, name: FrozenLake-v0-train, size: 4}}
+  splits: {{train: 0, val: 2, test: 0}}
+graphs: [{ROOT}/examples/frozenlake/play.yaml]
+policy: {{kind: scripted}}
+evolve: {{generations: 0}}
+""")
+    cli = CliRunner()
+    res = cli.invoke(app, ["run", str(tmp_path / "task.yaml"), "--output", str(tmp_path / "pop"),
+                           "--progress", "quiet"])
+    assert res.exit_code == 0, res.output
+    run_dir = tmp_path / "pop" / "lake"
+    with Archive(run_dir, write=False) as a:
+        (seed,) = a.agents()
+    # the scripted policy echoes the prompt, whose first bracketed move is [down]: a real game
+    res = cli.invoke(app, ["archive", "replay", str(run_dir), seed.id, "--input",
+                           "FrozenLake-v0-train-2", "--json"])
+    assert res.exit_code == 0, res.output
+    traj = json.loads(res.output)
+    assert traj["input_id"] == "FrozenLake-v0-train-2" and traj["error"] is None
+    assert [s["tool"] for s in traj["steps"] if s["kind"] == "tool"][0] == "env:textarena"
+    assert traj["env_reward"] is not None
