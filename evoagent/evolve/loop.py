@@ -24,7 +24,7 @@ from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_o
 from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.evaluate import Evaluation, evaluate
 from evoagent.execute.executor import ExecContext, request_seed
-from evoagent.execute.trajectory import Trajectory
+from evoagent.execute.trajectory import SKIPS, Trajectory
 from evoagent.graph import AgentGraph, graph_from_dict, load_graph, validate
 from evoagent.llm.backend import Backend
 from evoagent.spec.config import RunSpec
@@ -340,12 +340,13 @@ class Search:
         if res.archive:
             pending.trajectories.extend(("train", t, version) for t in res.rollouts)
         path, metrics = res.checkpoint, res.metrics
-        skipped = {k: int(sum(s.get(k, 0) for s in metrics["per_step"]))
-                   for k in ("skipped_reward", "skipped_context")}
+        skipped = ", ".join(
+            f"{int(sum(s.get(f'skipped_{why}', 0) for s in metrics['per_step']))} ({meaning})"
+            for why, meaning in SKIPS.items()
+        )
         self.reporter.log(
             f"gen {gen}: RL trained {int(metrics['steps_trained'])}/{self.spec.rl.steps} steps, "
-            f"rollout reward {metrics['reward_mean']:.3f}, samples skipped: "
-            f"{skipped['skipped_reward']} (reward failed), {skipped['skipped_context']} (context full)"
+            f"rollout reward {metrics['reward_mean']:.3f}, samples skipped: {skipped}"
         )
         version += 1
         self.policy_version(version)

@@ -54,6 +54,7 @@ class ToolStep:
 
 
 Step = LLMStep | ToolStep
+SKIPS = {"reward": "reward failed", "context": "context full"}  # Trajectory.skip -> what it means
 
 
 @dataclass

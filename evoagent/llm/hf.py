@@ -30,7 +30,7 @@ from evoagent.llm.backend import register_backend
 from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache
 from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
-from evoagent.llm.types import Generation, GenerationRequest, Message
+from evoagent.llm.types import Generation, GenerationRequest, Message, last_reply
 from evoagent.memory import release_memory
 from evoagent.spec.config import BackendConfig
 
@@ -147,10 +147,10 @@ class HFBackend:
         differently once more turns follow (Qwen3 drops the empty think block) are fine: only
         the text after the marker is used, and the ids before it stay as sampled.
         """
-        roles = [m["role"] for m in messages]
-        if "assistant" not in roles:
-            raise BackendError("prefix_ids needs an assistant turn in the request's messages")
-        last = len(roles) - 1 - roles[::-1].index("assistant")
+        try:
+            last = last_reply(messages)
+        except ValueError as e:
+            raise BackendError(str(e)) from None
         head = [*self._with_system(messages[:last]), {"role": "assistant", "content": _MARK}]
         full = self.tokenizer.apply_chat_template(
             [*head, *messages[last + 1 :]], tokenize=False, add_generation_prompt=True
@@ -158,9 +158,8 @@ class HFBackend:
         if _MARK not in full:
             raise BackendError("the chat template drops the assistant turn; token-in is impossible")
         text = full[full.rindex(_MARK) + len(_MARK) :]
-        eos_text = self.tokenizer.convert_ids_to_tokens(sorted(self.eos_ids))
         if after_eos:
-            for t in eos_text:
+            for t in self.tokenizer.convert_ids_to_tokens(sorted(self.eos_ids)):
                 if isinstance(t, str) and text.startswith(t):
                     text = text[len(t) :]
                     break

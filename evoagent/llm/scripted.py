@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from evoagent.llm.backend import register_backend
-from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.llm.types import Generation, GenerationRequest, last_reply
 from evoagent.spec.config import BackendConfig
 
 Handler = Callable[[GenerationRequest], str]
@@ -34,8 +34,7 @@ def _prompt(r: GenerationRequest) -> tuple[int, ...]:
     last assistant turn (the token-in contract of ``GenerationRequest``)."""
     if r.prefix_ids is None:
         return byte_ids("".join(m["content"] for m in r.messages))
-    roles = [m["role"] for m in r.messages]
-    last = len(roles) - 1 - roles[::-1].index("assistant")
+    last = last_reply(r.messages)
     return r.prefix_ids + byte_ids("".join(m["content"] for m in r.messages[last + 1 :]))
 
 

@@ -1,7 +1,9 @@
-"""The two value objects every backend speaks: a request for one completion and its result."""
+"""The two value objects every backend speaks, a request for one completion and its result,
+and ``last_reply``, which says where the new turns of a token-in request begin."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
@@ -44,3 +46,12 @@ class Generation:
     finish_reason: str  # "stop" | "length"
     weights_version: int
     cached: bool = False
+
+
+def last_reply(messages: Sequence[Message]) -> int:
+    """Index of the last assistant turn: under ``prefix_ids`` the turns after it are the new
+    ones a backend appends. A ValueError when there is none."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "assistant":
+            return i
+    raise ValueError("prefix_ids needs an assistant turn in the request's messages")

@@ -129,6 +129,8 @@ class RLConfig(BaseModel):
     def _schedule_has_a_length(self) -> RLConfig:
         if self.lr_schedule != "constant" and self.schedule_steps is None:
             raise ValueError(f"lr_schedule {self.lr_schedule!r} needs schedule_steps")
+        if self.lr_schedule != "constant" and self.warmup_steps >= (self.schedule_steps or 0):
+            raise ValueError("warmup_steps must be smaller than schedule_steps")
         if self.algorithm == DPO and self.full_finetune:
             raise ValueError(
                 "algorithm dpo needs the base model as reference, which only LoRA keeps "

@@ -25,7 +25,7 @@ import torch
 from evoagent.errors import RLError, SpecError
 from evoagent.execute.evaluate import rollout
 from evoagent.execute.executor import ExecContext, request_seed
-from evoagent.execute.trajectory import Trajectory
+from evoagent.execute.trajectory import SKIPS, Trajectory
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend, SupportsTraining
 from evoagent.rl.batch import build_batch, episode_advantages, preference_pairs
@@ -120,7 +120,7 @@ class RLPhase:
                 "step": float(step),
                 "reward_mean": sum(rewards) / len(rewards),
                 "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-                **{f"skipped_{why}": 0.0 for why in ("reward", "context")},
+                **{f"skipped_{why}": 0.0 for why in SKIPS},
             }
             for t in trajs:
                 if t.skip is not None:

@@ -87,15 +87,9 @@ class Trainer:
         Raises RLError for a batch without trained tokens or a non-finite gradient (the weights are
         left untouched then).
         """
-        batch = batch.to(self._device)
+        batch, micro = self._begin(batch)
         tokens = batch.tokens
-        if tokens == 0:
-            raise RLError("batch has no trained tokens")
-        batch = batch.by_length()
-        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum)
         scales = self._micro_scales(batch, micro)
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         sums: dict[str, float] = {}
         with torch.random.fork_rng(devices=self._rng_devices()), self._autocast():
@@ -107,11 +101,7 @@ class Trainer:
                 for k, v in out.metrics.items():
                     sums[k] = sums.get(k, 0.0) + v * mb.tokens
             self._rng = self._get_rng()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm))
-        if not math.isfinite(grad_norm) or not math.isfinite(total):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise RLError(f"non-finite loss {total} or grad norm {grad_norm}; step skipped")
-        self._apply(grad_norm, total)
+        grad_norm = self._apply(total)
         metrics = {k: v / tokens for k, v in sums.items()}
         metrics.update(
             loss=total, grad_norm=grad_norm, tokens=float(tokens), rows=float(batch.rows)
@@ -128,14 +118,9 @@ class Trainer:
         gives d loss / d episode-logprob, and a second pass backpropagates each micro-batch's
         rows weighted by their episode's coefficient. It costs one extra forward pass.
         """
-        batch = batch.to(self._device).by_length()
-        if batch.tokens == 0:
-            raise RLError("batch has no trained tokens")
-        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum)
+        batch, micro = self._begin(batch)
         n_ep = int(batch.episode.max()) + 1
         t = self.cfg.temperature
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         with torch.random.fork_rng(devices=self._rng_devices()), self._autocast():
             self._set_rng(self._rng)
             policy = torch.zeros(n_ep, device=self._device)  # (E,)
@@ -152,24 +137,39 @@ class Trainer:
                 logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, t, mb.loss_mask)
                 (_row_sums(logp, mb) * coeff[mb.episode]).sum().backward()
             self._rng = self._get_rng()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm))
         total = float(out.loss.detach())
-        if not math.isfinite(grad_norm) or not math.isfinite(total):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise RLError(f"non-finite loss {total} or grad norm {grad_norm}; step skipped")
-        self._apply(grad_norm, total)
+        grad_norm = self._apply(total)
         return {
             **out.metrics, "loss": total, "grad_norm": grad_norm, "pairs": float(len(chosen)),
             "tokens": float(batch.tokens), "rows": float(batch.rows),
         }
 
-    def _apply(self, grad_norm: float, loss: float) -> None:
-        """Take the optimizer and scheduler step of gradients already checked to be finite."""
+    def _begin(self, batch: TokenBatch) -> tuple[TokenBatch, list[TokenBatch]]:
+        """The batch on the device, shortest rows first, and its micro-batches; the model in
+        train mode with no gradient left over. Raises RLError for a batch with nothing to train."""
+        batch = batch.to(self._device)
+        if batch.tokens == 0:
+            raise RLError("batch has no trained tokens")
+        batch = batch.by_length()
+        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        return batch, micro
+
+    def _apply(self, loss: float) -> float:
+        """Clip the accumulated gradients and take the optimizer and scheduler step; return the
+        gradient norm. A non-finite loss or norm drops the gradients instead (RLError), so the
+        weights are left untouched."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm))
+        if not math.isfinite(grad_norm) or not math.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RLError(f"non-finite loss {loss} or grad norm {grad_norm}; step skipped")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         release_memory()
         self.step += 1
+        return grad_norm
 
     def _inputs(self, mb: TokenBatch) -> LossInputs:
         """LossInputs of one micro-batch (see the module docstring for old vs rollout logp)."""

@@ -16,6 +16,7 @@ from evoagent.spec.config import BackendConfig, RunSpec
 from evoagent.spec.load import read_yaml, validate
 
 if TYPE_CHECKING:
+    from evoagent.graph.model import AgentGraph
     from evoagent.tasks.datasets import Example
 
 
@@ -54,12 +55,13 @@ def check_spec(spec: RunSpec) -> None:
         except EvoagentError as e:
             raise SpecError(f"task.tools[{i}]: {e}") from None
         tools.add(name)
+    graphs = []
     for i, g in enumerate(spec.graphs):
         path = spec.resolve(g)
         if not path.is_file():
             raise SpecError(f"graphs[{i}]: {path} does not exist")
         try:
-            validate_graph(load_graph(path), tools)
+            graphs.append(validate_graph(load_graph(path), tools))
         except EvoagentError as e:
             raise SpecError(f"graphs[{i}] ({path.name}): {e}") from None
     for i, op in enumerate(spec.evolve.operators):
@@ -81,7 +83,7 @@ def check_spec(spec: RunSpec) -> None:
     # dataset that is too small or malformed fails now, not after the model has loaded.
     examples = load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir))
     split(examples, spec.task.splits, spec.seed)
-    _check_envs(spec, examples)
+    _check_envs(graphs, examples)
     _check_schedule(spec)
     if spec.rl.enabled and spec.task.splits.train == 0:
         raise SpecError("rl.enabled: task.splits.train is 0, so the RL phase has nothing to train on")
@@ -94,15 +96,14 @@ def check_spec(spec: RunSpec) -> None:
                         f"trainable backends: {trainable}")
 
 
-def _check_envs(spec: RunSpec, examples: list[Example]) -> None:
+def _check_envs(graphs: list[AgentGraph], examples: list[Example]) -> None:
     """A seed graph's ``env`` loop must be able to start an episode from this dataset's
     examples (a textarena env on arithmetic questions would score every run 0 silently)."""
-    from evoagent.graph import load_graph
     from evoagent.graph.model import LoopNode
     from evoagent.tasks.envs import make_episode
 
-    for i, g in enumerate(spec.graphs):
-        for node in load_graph(spec.resolve(g)).nodes:
+    for i, graph in enumerate(graphs):
+        for node in graph.nodes:
             if isinstance(node, LoopNode) and node.env is not None and examples:
                 try:
                     make_episode(node.env, examples[0])
@@ -126,8 +127,6 @@ def _check_schedule(spec: RunSpec) -> None:
             f"(evolve.generations // rl.every x rl.steps); the {rl.lr_schedule} schedule would "
             "run past its end"
         )
-    if rl.warmup_steps >= rl.schedule_steps:
-        raise SpecError("rl.warmup_steps: must be smaller than rl.schedule_steps")
 
 
 __all__ = ["BackendConfig", "RunSpec", "check_spec", "load_spec"]
