@@ -17,7 +17,6 @@ Goals: list/show/lineage under 200 ms, selection under 10 ms. Writes millisecond
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import tempfile
@@ -31,7 +30,8 @@ from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.graph.model import AgentGraph, LLMNode
 from evoagent.spec.config import SelectionConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+from results_io import write_results  # bench/ is sys.path[0] when a script runs
+
 PER_GENERATION = 1000
 VAL = 32  # val examples: scores are k/32, as a real run's are
 
@@ -133,7 +133,4 @@ if __name__ == "__main__":
     print(f"pool build (once per generation, {figs['pool_size']:,} candidates): "
           f"{figs['pool_build_ms']:.1f} ms (plain SELECT {figs['pool_plain_ms']:.1f} ms, "
           f"ratio {figs['pool_build_ratio']:.1f}x)")
-    dest = ROOT / "bench" / "results" / "archive_scale.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(figs, indent=2) + "\n")
-    print(f"wrote {dest}")
+    write_results("archive_scale", figs)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import resource
@@ -24,6 +23,8 @@ from pathlib import Path
 
 from evoagent import runner
 from evoagent.evolve.loop import NullReporter
+
+from results_io import write_results  # bench/ is sys.path[0] when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,10 +81,7 @@ def main() -> None:
     print(f"best seed val {result.seed_val:.3f} -> best evolved val {result.best_val:.3f} "
           f"(ratio {ratio:.1f}x), test {result.test}, {seconds / 60:.1f} min, "
           f"peak RSS {figures['peak_rss_mb']} MB")
-    dest = ROOT / "bench" / "results" / "main_job.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {dest}")
+    write_results("main_job", figures)
 
 
 if __name__ == "__main__":

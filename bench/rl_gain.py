@@ -35,6 +35,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from results_io import RESULTS, write_results  # bench/ is sys.path[0] when a script runs
+
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT_QUESTIONS = 40  # of the 100 distinct chain_sum questions; the other 60 are trained on
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -119,7 +121,7 @@ def arm(kind: str, algorithm: str, steps: int) -> dict[str, Any]:
     async def experiment() -> tuple[list[float], Any, list[float]]:
         """One event loop for everything: the execution gate belongs to the loop it runs on."""
         before = await held_out()
-        run_dir = ROOT / "bench" / "results" / f".rl_gain_{kind}_{algorithm}"
+        run_dir = RESULTS / f".rl_gain_{kind}_{algorithm}"
         res = await RLPhase(cfg, backend, ctx, reward, run_dir, seed=0).train(
             [graph], train, generation=1)
         backend.set_weights_version(1)
@@ -172,8 +174,8 @@ ARMS = {"chain_sum": ("chain_sum", "grpo"), "frozenlake_grpo": ("frozenlake", "g
 
 def main(steps: int, game_steps: int, arms: list[str]) -> None:
     """Run ``arms``; the other arms keep their figures from the last results file."""
-    dest = ROOT / "bench" / "results" / "rl_gain.json"
-    old = json.loads(dest.read_text())["arms"] if dest.is_file() else []
+    last = RESULTS / "rl_gain.json"
+    old = json.loads(last.read_text())["arms"] if last.is_file() else []
     done = {f"{r['kind']}_{r['algorithm']}".replace("chain_sum_grpo", "chain_sum"): r for r in old}
     for name in arms:
         kind, algorithm = ARMS[name]
@@ -188,8 +190,8 @@ def main(steps: int, game_steps: int, arms: list[str]) -> None:
               f"| {r['before']:.3f} [{r['before_ci95'][0]:.3f}, {r['before_ci95'][1]:.3f}] "
               f"| {r['after']:.3f} [{r['after_ci95'][0]:.3f}, {r['after_ci95'][1]:.3f}] "
               f"| {r['diff']:+.3f} [{r['diff_ci95'][0]:+.3f}, {r['diff_ci95'][1]:+.3f}] |")
-    dest.write_text(json.dumps({"arms": rows}, indent=2) + "\n")
-    print(f"\nwrote {dest.relative_to(ROOT)}")
+    print()
+    write_results("rl_gain", {"arms": rows})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from results_io import write_results  # bench/ is sys.path[0] when a script runs
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, MAX_TOKENS, RANK, ALPHA, LR = 4, 4, 32, 8, 16, 1e-5
 
@@ -154,9 +156,7 @@ def main(steps: int) -> None:
     figures["peak_rss_ratio"] = round(evo["peak_rss_mb"] / trl["peak_rss_mb"], 3)  # type: ignore[index]
     print(f"throughput ratio evoagent/TRL {figures['throughput_ratio']:.2f}x (goal >= 1.3), "
           f"peak RSS ratio {figures['peak_rss_ratio']:.2f}x (goal <= 1.0)")
-    dest = ROOT / "bench" / "results" / "rl_step.json"
-    dest.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {dest}")
+    write_results("rl_step", figures)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import sys
@@ -28,7 +27,8 @@ from pathlib import Path
 
 from evoagent.tools import SandboxConfig, run_python
 
-ROOT = Path(__file__).resolve().parents[1]
+from results_io import write_results  # bench/ is sys.path[0] when a script runs
+
 
 
 async def bare(code: str) -> None:
@@ -79,7 +79,4 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=40)
     figures = asyncio.run(main(ap.parse_args().calls))
-    dest = ROOT / "bench" / "results" / "sandbox_overhead.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {dest}")
+    write_results("sandbox_overhead", figures)
