@@ -124,7 +124,7 @@ def arm(kind: str, algorithm: str, steps: int) -> dict[str, Any]:
         run_dir = RESULTS / f".rl_gain_{kind}_{algorithm}"
         res = await RLPhase(cfg, backend, ctx, reward, run_dir, seed=0).train(
             [graph], train, generation=1)
-        backend.set_weights_version(1)
+        backend.weights_version = 1
         return before, res, await held_out()
 
     t0 = time.perf_counter()

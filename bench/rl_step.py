@@ -9,10 +9,12 @@ backend, group advantages, ``Trainer.train_step``); TRL's is ``GRPOTrainer.train
 ``max_steps``. Each side runs in its own process (peak RSS is per process); after one warm-up
 step, ``--steps`` steps are timed. Throughput counts completion tokens per second of step time.
 
-Prints the throughput ratio (evoagent / TRL; goal >= 1.3) and the peak-RSS ratio (goal <= 1.0),
-and writes ``bench/results/rl_step.json`` (keys ``throughput_ratio``, ``peak_rss_ratio``).
+The pair runs ``--repeats`` times (this machine is noisy); prints each repeat's throughput
+ratio (evoagent / TRL; goal: median >= 1.5) and peak-RSS ratio (goal <= 1.0), and writes
+``bench/results/rl_step.json``: every ratio (``throughput_ratios``, ``peak_rss_ratios``) and
+their medians (``throughput_ratio``, ``peak_rss_ratio``), the claims.
 
-    python bench/rl_step.py [--steps 3]
+    python bench/rl_step.py [--steps 3] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -133,35 +136,50 @@ def worker(side: str, steps: int) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def main(steps: int) -> None:
+def run_side(side: str, steps: int) -> dict[str, float]:
+    """One side's timed steps in a fresh process (peak RSS is per process)."""
     import tempfile
 
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "BENCH_TMP": tmp, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, __file__, "--worker", side, "--steps", str(steps)],
+                              capture_output=True, text=True, env=env, check=False)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{side} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    r = json.loads(line.removeprefix("RESULT "))
+    r["tokens_per_s"] = r["tokens"] / r["seconds"]
+    print(f"{side:>8}: {r['tokens']:.0f} completion tokens in {r['seconds']:.1f} s over {steps} steps "
+          f"= {r['tokens_per_s']:.1f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+    return r
+
+
+def main(steps: int, repeats: int) -> None:
+    """Run the (TRL, evoagent) pair ``repeats`` times; claim the medians of the ratios."""
     figures: dict[str, object] = {"prompts": PROMPTS, "group": GROUP, "max_tokens": MAX_TOKENS,
-                                  "lora_rank": RANK, "steps_timed": steps}
-    for side in ("trl", "evoagent"):
-        with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "BENCH_TMP": tmp, "HF_HUB_OFFLINE": "1"}
-            proc = subprocess.run([sys.executable, __file__, "--worker", side, "--steps", str(steps)],
-                                  capture_output=True, text=True, env=env, check=False)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"{side} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        r = json.loads(line.removeprefix("RESULT "))
-        r["tokens_per_s"] = r["tokens"] / r["seconds"]
-        figures[side] = r
-        print(f"{side:>8}: {r['tokens']:.0f} completion tokens in {r['seconds']:.1f} s over {steps} steps "
-              f"= {r['tokens_per_s']:.1f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB")
-    evo, trl = figures["evoagent"], figures["trl"]
-    figures["throughput_ratio"] = round(evo["tokens_per_s"] / trl["tokens_per_s"], 3)  # type: ignore[index]
-    figures["peak_rss_ratio"] = round(evo["peak_rss_mb"] / trl["peak_rss_mb"], 3)  # type: ignore[index]
-    print(f"throughput ratio evoagent/TRL {figures['throughput_ratio']:.2f}x (goal >= 1.3), "
-          f"peak RSS ratio {figures['peak_rss_ratio']:.2f}x (goal <= 1.0)")
+                                  "lora_rank": RANK, "steps_timed": steps, "repeats": []}
+    throughput, rss = [], []
+    for i in range(repeats):
+        pair = {side: run_side(side, steps) for side in ("trl", "evoagent")}
+        evo, trl = pair["evoagent"], pair["trl"]
+        throughput.append(round(evo["tokens_per_s"] / trl["tokens_per_s"], 3))
+        rss.append(round(evo["peak_rss_mb"] / trl["peak_rss_mb"], 3))
+        figures["repeats"].append(pair)  # type: ignore[attr-defined]
+        print(f"repeat {i + 1}: throughput {throughput[-1]:.2f}x, peak RSS {rss[-1]:.2f}x", flush=True)
+    figures["throughput_ratios"] = throughput
+    figures["peak_rss_ratios"] = rss
+    figures["throughput_ratio"] = statistics.median(throughput)
+    figures["peak_rss_ratio"] = statistics.median(rss)
+    print(f"throughput ratio evoagent/TRL: median {figures['throughput_ratio']:.2f}x of {throughput} "
+          f"(goal >= 1.5); peak RSS ratio: median {figures['peak_rss_ratio']:.2f}x of {rss} "
+          "(goal <= 1.0)")
     write_results("rl_step", figures)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--worker", choices=["evoagent", "trl"])
     a = ap.parse_args()
-    worker(a.worker, a.steps) if a.worker else main(a.steps)
+    worker(a.worker, a.steps) if a.worker else main(a.steps, a.repeats)

@@ -8,7 +8,8 @@
     │   └── SandboxError the sandbox cannot start (bubblewrap missing, bad policy)
     ├── MutationError    an operator rejects its parents (the child is archived as invalid)
     ├── ArchiveError     the run directory is not a usable archive, or is locked by another run
-    └── RLError          training cannot proceed (no trainable policy, bad checkpoint)
+    ├── RLError          training cannot proceed (no trainable policy, bad checkpoint)
+    └── UserCodeError    the user's reward, tool or operator raised, hung (killed) or died
 
 A per-example failure (garbage output, a tool that crashes on one input) is data, stored on the
 trajectory; only systemic faults raise.
@@ -51,3 +52,8 @@ class ArchiveError(EvoagentError):
 
 class RLError(EvoagentError):
     """Training cannot proceed."""
+
+
+class UserCodeError(EvoagentError):
+    """The user's function failed in its worker process; the message says how. Per-candidate
+    data (a reward scores 0, a tool call fails, an operator's child is archived as crashed)."""

@@ -89,12 +89,14 @@ def lora_config(rl: RLConfig) -> LoraConfig:
                       target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
 
 
-def _load_weights(model: nn.Module, weights: dict[str, torch.Tensor], rl: RLConfig) -> None:
-    """Put trained weights into the backend's model in place (LoRA injected, or all weights)."""
+def _load_weights(model: nn.Module, weights: dict[str, torch.Tensor], rl: RLConfig) -> nn.Module:
+    """The backend's training copy with the trained weights in it (LoRA injected, or all)."""
     if rl.full_finetune:
         model.load_state_dict(weights)
-    else:
-        set_peft_model_state_dict(get_peft_model(model, lora_config(rl)), weights)
+        return model
+    peft = get_peft_model(model, lora_config(rl))
+    set_peft_model_state_dict(peft, weights)
+    return peft
 
 
 def replay_example(agent: ArchivedAgent, text: str) -> Example:
@@ -125,7 +127,7 @@ async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None)
                 raise RLError(f"policy.kind {agent.policy.kind!r} cannot load trained weights")
             weights = (adapter_weights(agent.checkpoint) if agent.checkpoint is not None
                        else load_file(str(adapter / _WEIGHTS[agent.rl.full_finetune])))  # type: ignore[operator]
-            _load_weights(backend.trainable_model(), weights, agent.rl)
+            backend.sync_weights(_load_weights(backend.trainable_model(), weights, agent.rl))
         backend.weights_version = agent.weights_version
         ctx = ExecContext(backend, ToolContext(agent.sandbox), seed=agent.seed)
         return await execute(agent.graph, replay_example(agent, text), ctx)

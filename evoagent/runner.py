@@ -84,6 +84,7 @@ async def run(spec: RunSpec, reporter: Reporter | None = None) -> SearchResult:
         try:
             result = await search.run()
         finally:
+            await search.ctx.user.aclose()
             await policy.aclose()
             if mutator is not policy:
                 await mutator.aclose()

@@ -277,7 +277,8 @@ class Search:
             return _failed(gen, slot, base, "invalid", f"{op.name} needs {op.parents} parents")
         ctx = self._mutation_context(parents[0], rng, pool)
         try:
-            child = await op.apply([self.archive.graph(p.id) for p in parents], ctx)
+            child = await op.apply([self.archive.graph(p.id) for p in parents], ctx,
+                                   self.ctx.user, self.spec.evolve.operator_timeout_s)
         except (MutationError, GraphError) as e:
             return _failed(gen, slot, base, "invalid", str(e))
         except (BackendError, SandboxError):

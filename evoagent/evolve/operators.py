@@ -10,24 +10,29 @@ An operator maps parent graphs plus a ``MutationContext`` to one child graph::
 Contract: return a new ``AgentGraph`` (it may be sync or ``async``); never mutate the parents;
 draw randomness only from ``ctx.rng``; raise ``MutationError`` when the operator does not apply
 (the child is archived as invalid with that reason and the run goes on). Any other exception is
-caught at the loop's candidate boundary and archived as ``crashed``. task.yaml names operators
-by built-in name, ``module:function``, or an entry point in the ``evoagent.mutations`` group.
+caught at the loop's candidate boundary and archived as ``crashed``; so is an operator that
+runs past ``evolve.operator_timeout_s``: a synchronous plug-in runs in a worker process that is
+then killed (``evoagent.usercode``; it gets no ``ctx.llm`` there, so an operator that calls the
+LLM is ``async``), an async one is cancelled. task.yaml names operators by built-in name,
+``module:function``, or an entry point in the ``evoagent.mutations`` group.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Protocol, runtime_checkable
 
-from evoagent.errors import MutationError, SpecError
+from evoagent.errors import MutationError, SpecError, UserCodeError
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend
 from evoagent.registry import Registry
+from evoagent.usercode import UserCode
 
 
 @dataclass(frozen=True)
@@ -86,12 +91,47 @@ class Operator:
     fn: MutationOperator
     parents: int = 1
 
-    async def apply(self, parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGraph:
-        out = self.fn(parents, ctx)
-        child = await out if inspect.isawaitable(out) else out
+    async def apply(
+        self, parents: Sequence[AgentGraph], ctx: MutationContext, user: UserCode | None = None,
+        timeout_s: float | None = None,
+    ) -> AgentGraph:
+        """The child graph; a plug-in that runs past ``timeout_s`` raises UserCodeError."""
+        what = f"operator {self.name!r}"
+        if user is not None and not _builtin(self.fn) and not inspect.iscoroutinefunction(self.fn):
+            portable = replace(ctx, llm=NoLLM(), history=_no_history)
+            child, rng = await user.call(self.fn, (list(parents), portable), timeout_s, what,
+                                         history=ctx.history)
+            ctx.rng.setstate(rng)
+        else:
+            out = self.fn(parents, ctx)
+            try:
+                child = await asyncio.wait_for(out, timeout_s) if inspect.isawaitable(out) else out
+            except TimeoutError:
+                raise UserCodeError(f"{what} timed out after {timeout_s:g}s") from None
         if not isinstance(child, AgentGraph):
             raise MutationError(f"operator {self.name!r} returned {type(child).__name__}, not AgentGraph")
         return child
+
+
+class NoLLM:
+    """``ctx.llm`` of a synchronous operator in its worker process: no model there."""
+
+    weights_version = 0
+
+    async def generate(self, requests: object) -> list:
+        raise UserCodeError("a synchronous operator runs in its own process without the LLM; "
+                            "make it async to use ctx.llm")
+
+    async def aclose(self) -> None: ...
+
+
+def _no_history() -> Sequence[tuple[AgentGraph, float]]:
+    return ()
+
+
+def _builtin(fn: object) -> bool:
+    """evoagent's own operators run in this process: they are trusted not to hang."""
+    return getattr(fn, "__module__", "").startswith("evoagent.")
 
 
 _REGISTRY: Registry[Operator] = Registry("operator", SpecError)

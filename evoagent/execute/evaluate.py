@@ -67,7 +67,7 @@ async def run_and_score(
     elif traj.env_reward is not None:
         traj.reward = traj.env_reward
     else:
-        traj.reward, traj.error = await score(traj.output, example, reward)
+        traj.reward, traj.error = await score(traj.output, example, reward, ctx.user)
         if traj.error is not None:
             traj.skip = "reward"
     return traj

@@ -13,8 +13,10 @@ Failure contract: anything that goes wrong for this input (a tool that raises, g
 model, a timeout) ends up in ``Trajectory.error`` and the trajectory scores 0. Only systemic
 faults (``BackendError``: the model itself is unusable) propagate.
 
-Randomness: every request's seed derives from (run seed, agent id, input id, node, sample,
-turn), so a rerun or a ``--resume`` reproduces the same tokens.
+Randomness: every request's seed derives from (run seed, input id, node id, sample, turn), not
+from the agent id, so a rerun or a ``--resume`` reproduces the same tokens, and a child whose
+node sees the same messages as its parent's asks the very request its parent asked: the
+backend's cache answers it without a model call.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from evoagent.tasks.datasets import Example
 from evoagent.tasks.envs import Episode, make_episode
 from evoagent.tasks.extract import get_extractor
 from evoagent.tools import Tool, ToolContext, call_tool, make_tool
+from evoagent.usercode import UserCode
 
 _ACTION = re.compile(r"Action:\s*([A-Za-z_][\w.:]*)\s*\[(.*?)\]", re.S)
 _ANSWER = re.compile(r"Answer:\s*(.*)", re.S | re.I)
@@ -66,6 +69,8 @@ class ExecContext:
         temperature: when set, overrides every node's temperature (RL rollouts sample).
         concurrency: executions in flight at once across every caller sharing this context.
         gate: the semaphore enforcing ``concurrency``; ``dataclasses.replace`` hands it on.
+        user: the worker processes that run the user's synchronous rewards and tools (killed
+            when they hang); shared the same way.
     """
 
     llm: Backend
@@ -77,6 +82,7 @@ class ExecContext:
     tools: dict[str, Tool] = field(default_factory=dict)
     concurrency: int = 64
     gate: asyncio.Semaphore | None = None
+    user: UserCode = field(default_factory=UserCode)
 
     def __post_init__(self) -> None:
         if self.gate is None:
@@ -85,7 +91,7 @@ class ExecContext:
     def tool(self, name: str) -> Tool:
         """The tool registered as ``name`` (or a ``module:function`` ref), built once."""
         if name not in self.tools:
-            self.tools[name] = make_tool(name)
+            self.tools[name] = make_tool(name, self.user)
         return self.tools[name]
 
 
@@ -174,7 +180,7 @@ async def _run(
         # A template may name any ancestor (graph.validate); a dropped direct edge blanks its source.
         upstream = {src: outputs[src][0] for src in nx.ancestors(g, node_id)}
         upstream |= {src: "" for src in g.predecessors(node_id) if (src, node_id) not in live}
-        seed = (ctx.seed, graph.id, example.id, node_id, sample)
+        seed = (ctx.seed, example.id, node_id, sample)
         if isinstance(node, VoteNode):
             texts = [t for src in g.predecessors(node_id) if (src, node_id) in live for t in outputs[src]]
             outputs[node_id] = [_vote(node, texts)]
@@ -264,6 +270,7 @@ async def _loop(
         req = GenerationRequest(
             tuple(messages), node.max_tokens, _temperature(node, ctx),
             request_seed(*seed, turn), stop=stop, prefix_ids=prefix,
+            continued=turn + 1 < node.max_turns,
         )
         t0 = time.perf_counter()
         (g,) = await clock.generate(ctx.llm, [req])

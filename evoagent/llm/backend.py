@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from evoagent.errors import BackendError
 from evoagent.llm.types import Generation, GenerationRequest
@@ -31,13 +31,17 @@ class Backend(Protocol):
 
 @runtime_checkable
 class SupportsTraining(Protocol):
-    """A backend whose policy lives in this process and can be trained in place (weight sync)."""
+    """A backend whose policy RL can train: it hands out a transformers copy of the policy to
+    train, and serves that copy's weights when told to (weight sync)."""
 
     pad_id: int
 
-    def trainable_model(self) -> object: ...
+    def trainable_model(self) -> Any:
+        """The torch module to train (the same object on every call)."""
 
-    def set_weights_version(self, version: int) -> None: ...
+    def sync_weights(self, model: Any) -> None:
+        """Serve ``model``'s weights (the trained copy, LoRA adapter or not) from the next
+        request on; nothing generated under the old weights is served again."""
 
 
 B = TypeVar("B")

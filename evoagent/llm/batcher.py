@@ -4,14 +4,17 @@ The executor runs dozens of agent executions at once, each awaiting one completi
 Batches of 32-64 prompts generate 4-10x faster than single prompts on this CPU
 (shared/facts/stack.md), so every request goes through one ``Batcher``: a single worker waits up
 to ``wait_ms`` for company (or until ``max_batch`` requests are queued), runs the blocking model
-call in a thread so the event loop keeps queueing, then resolves each caller's future. Whatever
-arrives while the model is busy forms the next batch.
+call in its own thread so the event loop keeps queueing, then resolves each caller's future.
+Whatever arrives while the model is busy forms the next batch. The thread is the batcher's
+alone, not the pool ``asyncio.to_thread`` shares: environment steps or rewards waiting there
+never hold up the model.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 from evoagent.errors import BackendError
@@ -30,6 +33,7 @@ class Batcher(Generic[Req, Res]):
         self._queue: list[tuple[Req, asyncio.Future[Res]]] = []
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="evoagent-model")
         self.calls = 0
         self.largest = 0
 
@@ -63,7 +67,8 @@ class Batcher(Generic[Req, Res]):
                 self.calls += 1
                 self.largest = max(self.largest, len(live))
                 try:
-                    results = await asyncio.to_thread(self._fn, [r for r, _ in live])
+                    loop = asyncio.get_running_loop()
+                    results = await loop.run_in_executor(self._thread, self._fn, [r for r, _ in live])
                     if len(results) != len(live):
                         raise BackendError(
                             f"the model call returned {len(results)} results for {len(live)} requests"

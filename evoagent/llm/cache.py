@@ -43,6 +43,10 @@ class GenerationCache:
     def __len__(self) -> int:
         return len(self._data)
 
+    def clear(self) -> None:
+        """Forget every entry (the weights they were sampled from changed)."""
+        self._data.clear()
+
 
 def _key(version: int, r: GenerationRequest) -> tuple:
     """A hashable key: messages are dicts, so they enter as (role, content) pairs."""

@@ -1,22 +1,32 @@
 """The in-process transformers backend: the embedded default (SmolLM2-135M-Instruct) or any HF
-causal-LM folder, with request batching, a completion cache and in-place weight sync.
+causal-LM folder, with request batching, a completion cache, prefix KV reuse and weight sync.
 
-Generation is a plain KV-cached decode loop rather than ``model.generate`` because each request
-needs its own temperature, token budget, stop strings and, above all, its own seeded RNG: a
-request's draws must not depend on which other requests shared its batch, or caching and
-``--resume`` would not reproduce. What the RNG cannot fix: bfloat16 matmuls round differently
-for different batch shapes (shared/facts/stack.md), so under ``dtype: bfloat16`` a request
-may come out a few tokens different in another batch; ``dtype: float32`` is batch-invariant
-(tested) and is the choice where exact replay matters. Prompts are left-padded; logprobs are
-``log_softmax(logits / T)`` of the sampled token (T = 1 for greedy requests), in float32.
+Where the time goes, and what this backend does about it:
 
-Weight sync is free: the RL trainer wraps ``trainable_model()`` with LoRA in place, so the next
-generate call already samples from the updated policy; the trainer then bumps
-``weights_version`` so cached completions of the old weights stop matching.
+- **Batching.** Concurrent requests meet in one ``Batcher``; a call is decoded in parts of at
+  most ``max_batch_tokens`` (``evoagent.llm.decode``), and finished rows leave the batch.
+- **Shared prefixes are prefilled once.** A call's prompts are sorted by their ids, so those
+  that share a beginning sit together: the system prompt and demos that every input of an
+  agent repeats, the G identical prompts of an RL group. Their common prefixes, level by level
+  (a radix tree over the sorted prompts), are prefilled once and kept in a ``PrefixStore``
+  (``policy.kv_cache_mb``), where later calls find them too. A ``loop`` turn marked
+  ``continued`` leaves its prompt and completion KV there, and the next turn, whose ids extend
+  them (token-in/token-out), prefills only the new observation.
+- **Trained weights are merged.** RL trains a copy of the model (``trainable_model``);
+  ``sync_weights`` merges its LoRA adapter into the generation model in the generation dtype,
+  so decoding under a trained adapter costs what decoding the base does.
+- **The cache** answers a repeated request (same messages, sampling parameters and seed) from
+  memory within one set of weights; ``sync_weights`` clears it and the prefix store.
+
+What the RNG cannot fix: bfloat16 matmuls round differently for different batch shapes
+(shared/facts/stack.md), so under ``dtype: bfloat16`` a request may come out a few tokens
+different in another batch or from a cached prefix; ``dtype: float32`` is batch-invariant
+(tested) and is the choice where exact replay matters.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
 from collections.abc import Sequence
@@ -24,18 +34,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from evoagent.errors import BackendError
 from evoagent.llm.backend import register_backend
 from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache
+from evoagent.llm.chat import ChatTokens, eos_ids
+from evoagent.llm.decode import Sampling, decode, forward
 from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
-from evoagent.llm.types import Generation, GenerationRequest, Message, last_reply
+from evoagent.llm.kv import INDEX, KV, PrefixStore, common_prefix, layout, row_kv
+from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.llm.weights import load_served
 from evoagent.memory import release_memory
 from evoagent.spec.config import BackendConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-_MARK = "\x00evoagent-turn\x00"  # stands for an assistant turn's content in ``continuation``
+MIN_EXTRA = 16  # a shared prefix level is prefilled on its own only if it adds this many ids
 
 
 def load_model(cfg: BackendConfig) -> tuple[Any, Any]:
@@ -70,14 +85,18 @@ class HFBackend:
             )
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.eos_ids = _eos_ids(model, tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.eos_ids = eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.chat = ChatTokens(tokenizer, self.eos_ids, cfg.system_prompt, cfg.max_context)
         self.weights_version = 0
         self.cache = GenerationCache()
+        self.prefixes = PrefixStore(cfg.kv_cache_mb * 2**20)
         self._batcher: Batcher[GenerationRequest, Generation] = Batcher(
             self._generate_batch, cfg.max_batch, cfg.batch_wait_ms
         )
+        self._trained: nn.Module | None = None
         self.completion_tokens = 0
+        self.prefilled_tokens = 0  # prompt ids run through the model (cached prefixes excluded)
         self._closing = threading.Event()  # set by aclose: a decode in flight stops at its next step
         # transformers 5.x renamed the KV-cache argument from past_key_values to cache.
         params = inspect.signature(model.forward).parameters
@@ -121,183 +140,143 @@ class HFBackend:
         await self._batcher.aclose()
 
     # -- SupportsTraining --------------------------------------------------------------------
-    def trainable_model(self) -> Any:
-        return self.model
+    def trainable_model(self) -> nn.Module:
+        """The copy of the policy that RL trains (made on first use; generation keeps its own)."""
+        if self._trained is None:
+            self._trained = copy.deepcopy(self.model)
+        return self._trained
 
-    def set_weights_version(self, version: int) -> None:
-        self.weights_version = version
+    def sync_weights(self, model: nn.Module) -> None:
+        """Serve ``model``'s weights from now on: its LoRA adapter is merged into the generation
+        model in the generation dtype. Cached completions and prefix KV are dropped."""
+        try:
+            load_served(self.model, model)
+        except ValueError as e:
+            raise BackendError(f"cannot serve the trained weights: {e}") from e
+        self.cache.clear()
+        self.prefixes.clear()
 
     # -- internals ---------------------------------------------------------------------------
-    def render(self, messages: Sequence[Message]) -> list[int]:
-        """Chat-template token ids ending with the assistant header (generation prompt)."""
-        enc = self.tokenizer.apply_chat_template(
-            self._with_system(messages), add_generation_prompt=True, tokenize=True
-        )
-        ids = enc["input_ids"] if not isinstance(enc, list) else enc
-        return list(ids)
-
-    def continuation(self, messages: Sequence[Message], after_eos: bool) -> list[int]:
-        """Token ids that follow the last assistant turn of ``messages``: the end of that turn
-        (unless the model already emitted it, ``after_eos``), the later turns, and the next
-        assistant header. Only these are tokenized; the ids before stay as sampled.
-
-        The template renders the chat with a marker for the last assistant turn's content, and
-        everything after the marker is the continuation: the closing of that turn is read off
-        the template itself rather than assumed. Templates that render earlier turns
-        differently once more turns follow (Qwen3 drops the empty think block) are fine: only
-        the text after the marker is used, and the ids before it stay as sampled.
-        """
-        try:
-            last = last_reply(messages)
-        except ValueError as e:
-            raise BackendError(str(e)) from None
-        head = [*self._with_system(messages[:last]), {"role": "assistant", "content": _MARK}]
-        full = self.tokenizer.apply_chat_template(
-            [*head, *messages[last + 1 :]], tokenize=False, add_generation_prompt=True
-        )
-        if _MARK not in full:
-            raise BackendError("the chat template drops the assistant turn; token-in is impossible")
-        text = full[full.rindex(_MARK) + len(_MARK) :]
-        if after_eos:
-            for t in self.tokenizer.convert_ids_to_tokens(sorted(self.eos_ids)):
-                if isinstance(t, str) and text.startswith(t):
-                    text = text[len(t) :]
-                    break
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _with_system(self, messages: Sequence[Message]) -> list[Message]:
-        msgs = list(messages)
-        if self.cfg.system_prompt and not any(m["role"] == "system" for m in msgs):
-            msgs = [{"role": "system", "content": self.cfg.system_prompt}, *msgs]
-        return msgs
-
-    def _prompt(self, r: GenerationRequest) -> list[int]:
-        """The request's prompt ids, left-truncated to leave room for its token budget (a
-        caller that extends a prefix sees the truncation: the prefix is no longer a prefix)."""
-        if r.prefix_ids is None:
-            ids = self.render(r.messages)
-        else:
-            after_eos = bool(r.prefix_ids) and r.prefix_ids[-1] in self.eos_ids
-            ids = [*r.prefix_ids, *self.continuation(r.messages, after_eos)]
-        keep = max(1, self.cfg.max_context - r.max_tokens)
-        return ids[-keep:]
-
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
-        """Decode ``requests`` in length-sorted parts of at most ``max_batch_tokens`` each.
+        """Decode ``requests`` in parts of at most ``max_batch_tokens`` each.
 
-        Blocking (the batcher runs it in a worker thread). Sorting puts prompts of similar
-        length together, so little of each part is padding; results come back in order.
+        Blocking (the batcher runs it in a worker thread). Prompts are sorted by their ids, so
+        prompts with a common beginning share a part and their prefix is prefilled once;
+        results come back in request order.
         """
-        prompts = [self._prompt(r) for r in requests]
+        prompts = [self.chat.prompt(r) for r in requests]
         cost = [len(p) + r.max_tokens for p, r in zip(prompts, requests, strict=True)]
         out: dict[int, Generation] = {}
         part: list[int] = []
-
-        def flush() -> None:
-            gens = self._decode([requests[j] for j in part], [prompts[j] for j in part])
-            out.update(zip(part, gens, strict=True))
-
-        for i in sorted(range(len(requests)), key=lambda i: cost[i]):
-            if part and (len(part) + 1) * cost[i] > self.cfg.max_batch_tokens:
-                flush()
+        for i in sorted(range(len(requests)), key=lambda i: prompts[i]):
+            width = max([cost[i], *(cost[j] for j in part)])
+            if part and (len(part) + 1) * width > self.cfg.max_batch_tokens:
+                out.update(zip(part, self._decode([requests[j] for j in part], [prompts[j] for j in part])))
                 part = []
             part.append(i)
-        flush()
+        out.update(zip(part, self._decode([requests[j] for j in part], [prompts[j] for j in part])))
         release_memory()  # the KV caches and prefill activations of this call are garbage now
         return [out[i] for i in range(len(requests))]
 
-    @torch.no_grad()
     def _decode(self, requests: list[GenerationRequest], prompts: list[list[int]]) -> list[Generation]:
-        """Decode all requests together (left-padded, one KV cache)."""
+        """Decode one part: reuse or prefill shared prefixes, then decode every row."""
         version = self.weights_version
         self.model.eval()
         device = next(self.model.parameters()).device
-        b, width = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every row's next token is at column -1
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        gens = [torch.Generator().manual_seed(r.seed) for r in requests]
-        temps = [r.temperature for r in requests]
+        if self.prefixes.max_bytes > 0:
+            self._prefill_shared(prompts, device)
+        cached: list[KV | None] = []
+        new: list[list[int]] = []
+        for p in prompts:
+            n, kv = self.prefixes.longest(p, len(p) - 1) if self.prefixes.max_bytes else (0, None)
+            cached.append(kv)
+            new.append(p[n:])
+        self.prefilled_tokens += sum(len(x) for x in new)
         budget = max(r.max_tokens for r in requests)
-        tokens: list[list[int]] = [[] for _ in requests]
-        logps: list[list[float]] = [[] for _ in requests]
-        finish = ["length"] * b
-        done = [False] * b
-        past = None
-        step_ids, step_pos = ids, positions
-        for _ in range(budget):
-            if self._closing.is_set():
-                raise BackendError("the backend was closed while generating")
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_pos,
-                use_cache=True,
-                **{self._cache_arg: past},
-                **self._last_logits,
-            )
-            past = out.get(self._cache_arg)  # outputs name the cache as forward's argument does
-            logits = out.logits[:, -1, :].float().cpu()  # (B, V)
-            nxt = torch.full((b,), self.pad_id, dtype=torch.long)
-            for i in range(b):
-                if done[i]:
-                    continue
-                t = temps[i]
-                lp = torch.log_softmax(logits[i] / (t if t > 0 else 1.0), dim=-1)
-                if t > 0:
-                    tok = int(torch.multinomial(lp.exp(), 1, generator=gens[i]))
-                else:
-                    tok = int(lp.argmax())
-                tokens[i].append(tok)
-                logps[i].append(float(lp[tok]))
-                nxt[i] = tok
-                if tok in self.eos_ids or self._hit_stop(requests[i], tokens[i]):
-                    done[i], finish[i] = True, "stop"
-                elif len(tokens[i]) >= requests[i].max_tokens:
-                    done[i] = True
-            if all(done):
-                break
-            step_ids = nxt.view(b, 1).to(device)
-            step_pos = step_pos[:, -1:] + 1
-            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
-        self.completion_tokens += sum(len(t) for t in tokens)
+        rows = layout(cached, new, self.pad_id, budget, device)
+        keep = self.prefixes.max_bytes > 0  # a continued loop turn's next turn extends its KV
+        decoded = decode(
+            self.model, rows,
+            [Sampling(r.temperature, r.max_tokens, r.seed, keep and r.continued) for r in requests],
+            self.eos_ids, self.pad_id,
+            cache_arg=self._cache_arg, last_logits=self._last_logits,
+            closing=self._closing.is_set,
+            stopped=lambda row, toks: self.chat.hit_stop(requests[row], toks),
+        )
+        for p, d in zip(prompts, decoded, strict=True):
+            if d.kv is not None:
+                self.prefixes.put(p + d.tokens[:-1], d.kv, once=True)
+                d.kv = None
+        self.completion_tokens += sum(len(d.tokens) for d in decoded)
         return [
             Generation(
-                text=self._text(r, toks),
+                text=self.chat.text(r, d.tokens),
                 prompt_ids=tuple(p),
-                completion_ids=tuple(toks),
-                logprobs=tuple(lp),
-                finish_reason=f,  # type: ignore[arg-type]
+                completion_ids=tuple(d.tokens),
+                logprobs=tuple(d.logprobs),
+                finish_reason=d.finish,  # type: ignore[arg-type]
                 weights_version=version,
             )
-            for r, p, toks, lp, f in zip(requests, prompts, tokens, logps, finish, strict=True)
+            for r, p, d in zip(requests, prompts, decoded, strict=True)
         ]
 
-    def _hit_stop(self, r: GenerationRequest, toks: list[int]) -> bool:
-        if not r.stop:
-            return False
-        tail = self.tokenizer.decode(toks[-8:], skip_special_tokens=True)
-        return any(s in tail for s in r.stop)
+    @torch.inference_mode()
+    def _prefill_shared(self, prompts: list[list[int]], device: torch.device) -> None:
+        """Prefill and store the prefixes that several of ``prompts`` (sorted by ids) share.
 
-    def _text(self, r: GenerationRequest, toks: list[int]) -> str:
-        text = self.tokenizer.decode(toks, skip_special_tokens=True)
-        for s in r.stop:
-            if s in text:
-                text = text[: text.index(s)]
-        return text.strip()
+        A radix tree over the sorted prompts: a run of prompts whose neighbours share at least
+        ``INDEX`` ids has as prefix the least of those shared lengths (capped so every prompt
+        keeps one id of its own); the run then splits where neighbours share only that much,
+        and each sub-run deepens the prefix. A level is prefilled (on top of the level above,
+        from the store) only when it adds ``MIN_EXTRA`` ids; all prefixes of one depth go
+        through the model in one batch.
+        """
+        shared = [
+            min(common_prefix(a, b), len(a) - 1, len(b) - 1)
+            for a, b in zip(prompts, prompts[1:])
+        ]
+        levels: list[list[tuple[int, int]]] = []  # depth -> (row, prefix length)
+
+        def walk(lo: int, hi: int, parent: int, depth: int) -> None:  # rows lo..hi share
+            if hi - lo < 2:
+                return
+            n = min(shared[lo : hi - 1])
+            if n < INDEX:
+                runs = _runs(shared, lo, hi, INDEX)
+            else:
+                if n - parent >= MIN_EXTRA:
+                    while len(levels) <= depth:
+                        levels.append([])
+                    levels[depth].append((lo, n))
+                    parent, depth = n, depth + 1
+                runs = _runs(shared, lo, hi, n + 1)
+            for a, b in runs:
+                walk(a, b, parent, depth)
+
+        walk(0, len(prompts), 0, 0)
+        for level in levels:
+            todo = []
+            for row, n in level:
+                have, kv = self.prefixes.longest(prompts[row], n, consume=False)
+                if have < n:
+                    todo.append((prompts[row][:n], have, kv))
+            if not todo:
+                continue
+            rows = layout([kv for _, _, kv in todo], [ids[have:] for ids, have, _ in todo],
+                          self.pad_id, 0, device)
+            self.prefilled_tokens += sum(len(ids) - have for ids, have, _ in todo)
+            cache = forward(self.model, rows, self._cache_arg, self._last_logits).get(self._cache_arg)
+            for slot, (ids, _, _) in enumerate(todo):
+                cols = rows.attention_mask[slot].nonzero().squeeze(-1)
+                self.prefixes.put(ids, row_kv(cache, slot, cols))
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif isinstance(gen_eos, list):
-        ids.update(gen_eos)
-    if not ids:
-        raise BackendError("the tokenizer has no end-of-sequence token")
-    return ids
+def _runs(shared: list[int], lo: int, hi: int, at_least: int) -> list[tuple[int, int]]:
+    """Split rows lo..hi into maximal runs whose neighbours share at least ``at_least`` ids."""
+    runs, start = [], lo
+    for k in range(lo, hi - 1):
+        if shared[k] < at_least:
+            runs.append((start, k + 1))
+            start = k + 1
+    runs.append((start, hi))
+    return runs

@@ -21,6 +21,10 @@ class GenerationRequest:
     ``messages`` stays the whole chat: the cache key and the text of every turn. A backend
     must return ``prompt_ids`` that start with ``prefix_ids`` unless it had to truncate the
     prompt to its context window (the executor then ends the episode).
+
+    ``continued`` is a hint, not part of what the model sees (nor of the cache key): a later
+    request will extend this prompt and completion (a ``loop`` turn), so a backend may keep
+    their KV for it.
     """
 
     messages: tuple[Message, ...]
@@ -29,6 +33,7 @@ class GenerationRequest:
     seed: int = 0
     stop: tuple[str, ...] = ()
     prefix_ids: tuple[int, ...] | None = None
+    continued: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,10 @@
 per input, compute group advantages (or, for ``dpo``, preference pairs with the archive's
 earlier trajectories of the same inputs), take ``rl.steps`` optimizer steps, checkpoint.
 
-The policy trains in place: LoRA is attached to the backend's own model, so weight sync to the
-backend is immediate (the loop then bumps ``weights_version``, which retires cached
-completions). Every step re-samples with the current weights (on-policy). Rollout seeds include
-the step index, so no two steps ever share a request and the cache can never serve a stale
-completion inside a phase. Under ``dpo`` the rollouts go back to the loop, which archives them
+The policy trains on the backend's training copy (``trainable_model``) and every optimizer step
+is synced to the backend (``sync_weights``: LoRA merged into the generation weights), so every
+step re-samples with the current weights (on-policy; a sync also empties the completion
+cache); after the phase the loop bumps ``weights_version``. Under ``dpo`` the rollouts go back to the loop, which archives them
 (split ``train``, tagged with the weights version the phase started from): that is where later
 DPO pairs come from.
 """
@@ -86,8 +85,10 @@ class RLPhase:
 
     def restore(self, path: str, version: int) -> None:
         """Load the checkpoint at ``path`` (relative to the run folder) and serve it as ``version``."""
-        self._trainer().load_checkpoint(self.dir.parent / path)
-        self.backend.set_weights_version(version)
+        trainer = self._trainer()
+        trainer.load_checkpoint(self.dir.parent / path)
+        self.backend.sync_weights(trainer.model)
+        self.backend.weights_version = version
 
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
@@ -133,6 +134,7 @@ class RLPhase:
             if metrics is not None:
                 trained += 1
                 row.update(metrics)
+                await asyncio.to_thread(self.backend.sync_weights, trainer.model)
             if on_step is not None:
                 on_step()
         keys = {k for r in per_step for k in r if k != "step"}

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from evoagent.errors import RLError
 from evoagent.rl.config import RLConfig
+from evoagent.rl.packing import additive, pack
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -54,7 +55,8 @@ def token_logprobs(
     """(B, L) float32 log softmax(logits / temperature) of each token given its prefix.
 
     ``wanted`` (B, L) marks the tokens whose logprob is needed (the loss mask); the others come
-    out 0. The decoder runs on every position, but the LM head (vocabulary-sized) runs only on
+    out 0. Rows that share a prefix (a GRPO group's prompt) are packed so the decoder runs on
+    that prefix once (``rl.packing``). The LM head (vocabulary-sized) runs only on
     the positions that predict a wanted token: for a batch of long prompts with short
     completions that is the difference between (B, L, V) float32 logits held for backward,
     gigabytes for a 49k vocabulary, and (tokens, V). Differentiable; runs the model in
@@ -62,7 +64,6 @@ def token_logprobs(
     (true of Llama-style models; not of heads with logit soft-capping).
     """
     base = base_model(model)
-    hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     if wanted is None:
         wanted = attention_mask
     wanted = wanted.bool() & attention_mask.bool()
@@ -70,9 +71,24 @@ def token_logprobs(
     rows, cols = wanted.nonzero(as_tuple=True)  # (N,), (N,)
     head = base.get_output_embeddings()
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)  # (B, L)
+    attention = getattr(base.config, "_attn_implementation", "")
+    packed = pack(input_ids, attention_mask, 0, attention) if rows.numel() else None
+    if packed is not None:  # rows sharing a prefix run it once (rl.packing)
+        mask = packed.attention_mask
+        if attention == "eager":
+            mask = additive(mask, next(base.parameters()).dtype)
+        hidden = base.get_decoder()(
+            input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids
+        ).last_hidden_state  # (P, W, H)
+        predicting = hidden.flatten(0, 1)[packed.source[rows, cols - 1]]  # (N, H)
+    else:
+        hidden = base.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state  # (B, L, H)
+        predicting = hidden[rows, cols - 1]  # (N, H): position t-1 predicts t
     if rows.numel() == 0:
         return out + hidden.sum() * 0.0  # keeps the graph connected for a backward call
-    z = head(hidden[rows, cols - 1]).float() / temperature  # (N, V): position t-1 predicts t
+    z = head(predicting).float() / temperature  # (N, V)
     picked = z.gather(-1, input_ids[rows, cols, None]).squeeze(-1) - z.logsumexp(-1)  # (N,)
     return out.index_put((rows, cols), picked)
 

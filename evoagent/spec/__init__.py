@@ -43,7 +43,7 @@ def check_spec(spec: RunSpec) -> None:
     from evoagent.evolve.selection import get_selector
     from evoagent.graph import load_graph, validate as validate_graph
     from evoagent.llm.backend import backend_entry, known_backends
-    from evoagent.tasks.datasets import known_datasets, load_examples, split
+    from evoagent.tasks.datasets import import_ref, known_datasets, load_examples, split
     from evoagent.tasks.extract import get_extractor
     from evoagent.tasks.rewards import get_reward
     from evoagent.tools import known_tools, make_tool
@@ -71,6 +71,10 @@ def check_spec(spec: RunSpec) -> None:
             raise SpecError(f"evolve.operators[{i}]: {e}") from None
     get_selector(spec.evolve.selection.kind)
     get_reward(spec.task.reward.kind)
+    if spec.task.reward.kind == "python":  # the user's reward must import before a model loads
+        if spec.task.reward.ref is None:
+            raise SpecError("task.reward.ref: required for kind python ('module:function')")
+        import_ref(spec.task.reward.ref, "task.reward.ref")
     try:
         get_extractor(spec.task.reward.extract)
     except SpecError as e:

@@ -36,6 +36,11 @@ class BackendConfig(_Frozen):
     batch_wait_ms: float = Field(5.0, ge=0, description="how long the batcher gathers requests")
     max_context: int = Field(2048, ge=64, description="prompt tokens kept (left-truncated)")
     cache: bool = Field(True, description="memoise completions by (weights version, request)")
+    kv_cache_mb: int = Field(
+        512, ge=0,
+        description="hf: memory for the KV of shared prompt prefixes (system prompt and demos, "
+        "RL groups, loop turns), prefilled once and reused; 0 turns prefix reuse off",
+    )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = all cores")
     system_prompt: str = Field(
         "", description="system message added when a node has none (replaces the model default)"
@@ -120,6 +125,11 @@ class EvolveConfig(_Frozen):
     cascade: CascadeConfig = CascadeConfig()
     max_demos: int = Field(3, ge=0, description="few-shot demos bootstrap_demos may add")
     failures_shown: int = Field(3, ge=0, description="failed trajectories shown to the mutator")
+    operator_timeout_s: float = Field(
+        300.0, gt=0,
+        description="an operator running longer is stopped (a sync plug-in's process killed) and "
+        "its child archived as crashed",
+    )
 
 
 class RunSpec(_Frozen):

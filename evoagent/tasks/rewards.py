@@ -1,22 +1,25 @@
 """Rewards: score an extracted answer against an example, in [0, 1] (higher is better).
 
 A registry of ``fn(answer, example, cfg) -> float``. ``score`` is the one entry point the
-executor uses: it applies the extractor, runs the reward in a worker thread under
-``timeout_s``, and turns a raising, hanging or out-of-range reward into score 0 plus a reason,
-so one bad example never stops a run.
+executor uses: it applies the extractor, runs the reward under ``timeout_s`` and turns a
+raising, hanging or out-of-range reward into score 0 plus a reason, so one bad example never
+stops a run. Built-in rewards run in a thread; the user's own (``kind: python``) runs in a
+worker process (``evoagent.usercode``) that is killed when it hangs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 from collections.abc import Callable
 
-from evoagent.errors import SpecError
+from evoagent.errors import SpecError, UserCodeError
 from evoagent.registry import Registry
 from evoagent.spec.config import RewardConfig
 from evoagent.tasks.datasets import Example, import_ref
 from evoagent.tasks.extract import get_extractor
+from evoagent.usercode import UserCode
 
 RewardFn = Callable[[str, Example, RewardConfig], float]
 _REGISTRY: Registry[RewardFn] = Registry("reward", SpecError, field="task.reward.kind")
@@ -25,15 +28,22 @@ known_rewards = _REGISTRY.names
 get_reward = _REGISTRY.get
 
 
-async def score(output: str, example: Example, cfg: RewardConfig) -> tuple[float, str | None]:
+async def score(
+    output: str, example: Example, cfg: RewardConfig, user: UserCode | None = None
+) -> tuple[float, str | None]:
     """(reward, error): the reward of ``output``; 0.0 and the reason if the reward failed."""
     fn = get_reward(cfg.kind)
     extract = get_extractor(cfg.extract)
     try:
         answer = extract(output)
-        value = await asyncio.wait_for(asyncio.to_thread(fn, answer, example, cfg), cfg.timeout_s)
+        if cfg.kind == "python" and user is not None:
+            value = await _user_reward(answer, example, cfg, user)
+        else:
+            value = await asyncio.wait_for(asyncio.to_thread(fn, answer, example, cfg), cfg.timeout_s)
     except TimeoutError:
         return 0.0, f"reward timed out after {cfg.timeout_s}s"
+    except UserCodeError as e:
+        return 0.0, str(e)
     except Exception as e:  # the user's reward is a candidate boundary: its failure is data
         return 0.0, f"reward raised {type(e).__name__}: {e}"
     try:
@@ -43,6 +53,16 @@ async def score(output: str, example: Example, cfg: RewardConfig) -> tuple[float
     if not math.isfinite(value):
         return 0.0, f"reward returned {value}"
     return min(1.0, max(0.0, value)), None
+
+
+async def _user_reward(answer: str, example: Example, cfg: RewardConfig, user: UserCode) -> object:
+    """The user's ``module:function(answer, example)``: awaited under the timeout if it is
+    async (cancellable), else run in a worker process that is killed when it hangs."""
+    assert cfg.ref is not None  # checked by the spec
+    fn = import_ref(cfg.ref, "task.reward.ref")
+    if inspect.iscoroutinefunction(fn):
+        return await asyncio.wait_for(fn(answer, example), cfg.timeout_s)
+    return await user.call(fn, (answer, example), cfg.timeout_s, f"reward {cfg.ref!r}")
 
 
 def _number(text: str) -> float | None:

@@ -10,7 +10,9 @@ Contract for a ``Tool``:
   - only a systemic fault (the sandbox cannot start at all) raises ``SandboxError``.
 
 Tools are found by ``make_tool(name)``: a registered name, or ``"module:attr"`` naming a Tool,
-a Tool class, or a plain function ``f(argument: str) -> str`` (sync or async).
+a Tool class, or a plain function ``f(argument: str) -> str`` (sync or async). Given a
+``UserCode`` pool, a synchronous function runs in a worker process that is killed when its
+call times out (``evoagent.usercode``); an async one is cancelled.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
-from evoagent.errors import SandboxError, ToolError
+from evoagent.errors import SandboxError, ToolError, UserCodeError
 from evoagent.tools.sandbox import SandboxConfig
+from evoagent.usercode import UserCode
 
 
 @dataclass(frozen=True)
@@ -77,13 +80,14 @@ def known_tools() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_tool(name: str) -> Tool:
-    """Return the tool registered as ``name``, or load ``"module:attr"``."""
+def make_tool(name: str, user: UserCode | None = None) -> Tool:
+    """Return the tool registered as ``name``, or load ``"module:attr"`` (whose synchronous
+    function, given ``user``, runs in its worker processes)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" not in name:
         raise ToolError(f"unknown tool {name!r}; known tools: {', '.join(known_tools())}")
-    return _load_ref(name)
+    return _load_ref(name, user)
 
 
 async def call_tool(tool: Tool, argument: str, ctx: ToolContext, timeout_s: float) -> ToolResult:
@@ -97,22 +101,30 @@ async def call_tool(tool: Tool, argument: str, ctx: ToolContext, timeout_s: floa
         return ToolResult("", ok=False, error=f"timed out after {timeout_s:g}s")
     except SandboxError:
         raise
+    except UserCodeError as exc:
+        return ToolResult("", ok=False, error=str(exc))
     except Exception as exc:  # the per-call boundary: a crashing tool is data
         return ToolResult("", ok=False, error=f"{type(exc).__name__}: {exc}")
 
 
 class FunctionTool:
-    """Adapts ``f(argument: str) -> str`` (sync or async) to the Tool protocol."""
+    """Adapts ``f(argument: str) -> str`` (sync or async) to the Tool protocol; with ``user``,
+    a sync ``f`` runs in one of its worker processes."""
 
-    def __init__(self, name: str, fn: Callable[[str], str | Awaitable[str]]) -> None:
+    def __init__(
+        self, name: str, fn: Callable[[str], str | Awaitable[str]], user: UserCode | None = None
+    ) -> None:
         doc = inspect.getdoc(fn) or ""
         self.name = name
         self.description = doc.strip().splitlines()[0] if doc.strip() else name
         self._fn = fn
+        self._user = user
 
     async def __call__(self, argument: str, ctx: ToolContext) -> ToolResult:
         if inspect.iscoroutinefunction(self._fn):
             out = await self._fn(argument)
+        elif self._user is not None:  # cancelled by call_tool's timeout: the worker is killed
+            out = await self._user.call(self._fn, (argument,), None, f"tool {self.name!r}")
         else:
             # A thread keeps a blocking function from stalling the loop (and call_tool's timeout).
             out = await asyncio.to_thread(self._fn, argument)
@@ -124,7 +136,7 @@ class FunctionTool:
         return f"FunctionTool({self.name!r})"
 
 
-def _load_ref(ref: str) -> Tool:
+def _load_ref(ref: str, user: UserCode | None) -> Tool:
     module_name, _, attr_path = ref.partition(":")
     try:
         obj: object = importlib.import_module(module_name)
@@ -140,5 +152,5 @@ def _load_ref(ref: str) -> Tool:
     if isinstance(obj, Tool):
         return obj
     if callable(obj):
-        return FunctionTool(ref, obj)  # type: ignore[arg-type]
+        return FunctionTool(ref, obj, user)  # type: ignore[arg-type]
     raise ToolError(f"tool ref {ref!r} names {type(obj).__name__}, not a Tool or function")

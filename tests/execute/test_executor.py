@@ -206,3 +206,24 @@ def test_a_template_may_name_any_ancestor():
     seen = []
     t = asyncio.run(execute(g, EX, ctx(lambda r: seen.append(last_user(r)) or "x")))
     assert t.error is None and seen[-1] == "x then x"
+
+
+def test_a_child_that_changes_one_node_makes_only_that_nodes_calls(tiny_backend):
+    """Request seeds do not depend on the agent id, so the parent's unchanged node asks the
+    very requests the parent asked, and the backend's cache answers them within a version."""
+    nodes = [{"kind": "llm", "id": "plan", "system": "Plan the steps.", "max_tokens": 6},
+             {"kind": "llm", "id": "answer", "system": "Answer.", "template": "{input}\n{plan}",
+              "max_tokens": 6}]
+    parent = graph(nodes, [{"src": "plan", "dst": "answer"}])
+    child = graph([nodes[0], {**nodes[1], "system": "Answer with a number."}],
+                  [{"src": "plan", "dst": "answer"}])
+    assert child.id != parent.id
+    backend = tiny_backend()
+    c = ExecContext(backend, ToolContext(), seed=0)
+    inputs = [Example(f"e{i}", f"Calculate {i} + 7.", str(i + 7)) for i in range(4)]
+    first = asyncio.run(evaluate(parent, inputs, c, RewardConfig()))
+    assert (backend.cache.misses, backend.cache.hits) == (8, 0)
+    second = asyncio.run(evaluate(child, inputs, c, RewardConfig()))
+    assert (backend.cache.misses, backend.cache.hits) == (12, 4)  # only "answer" ran again
+    for a, b in zip(first.trajectories, second.trajectories, strict=True):
+        assert a.steps[0].completion_ids == b.steps[0].completion_ids

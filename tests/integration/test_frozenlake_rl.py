@@ -38,7 +38,7 @@ def test_grpo_and_gigpo_train_on_frozenlake(tmp_path):
         phase = RLPhase(cfg, backend, ctx, RewardConfig(), tmp_path / algorithm, seed=version)
         phase.trainer = trainer  # one LoRA adapter: GiGPO continues from GRPO's weights
         res = asyncio.run(phase.train([graph], boards, generation=version))
-        backend.set_weights_version(version)
+        backend.weights_version = version
         trainer = phase.trainer
         assert res.metrics["steps_trained"] == 1, res.metrics
         rewards = {t.reward for t in res.rollouts}

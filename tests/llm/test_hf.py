@@ -57,7 +57,7 @@ def test_cache_hits_only_within_a_weights_version(tiny_backend):
     first = asyncio.run(backend.generate([r]))[0]
     again = asyncio.run(backend.generate([r]))[0]
     assert not first.cached and again.cached and again.completion_ids == first.completion_ids
-    backend.set_weights_version(1)
+    backend.weights_version = 1
     fresh = asyncio.run(backend.generate([r]))[0]
     assert not fresh.cached and fresh.weights_version == 1
 
