@@ -21,7 +21,7 @@ executor / sequential (goal >= 5), ``lora_eval_ratio`` = lora / executor (goal >
 medians are the claims. With ``--vllm`` the same workload runs on ``policy.kind: vllm`` in a
 separate process: ``vllm_vs_raw`` = executor on vLLM / ``LLM.generate`` on the same prompt ids.
 
-    python bench/backend_throughput.py [--repeats 3] [--inputs 64] [--vllm]
+    python bench/backend_throughput.py [--repeats 3] [--inputs 64] [--vllm] [--tag gpu]
 """
 
 from __future__ import annotations
@@ -189,12 +189,13 @@ def in_subprocess(kind: str, n: int) -> dict[str, Any]:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def main(repeats: int, n: int, vllm: bool) -> None:
+def main(repeats: int, n: int, vllm: bool, tag: str) -> None:
     kinds = ["hf", "vllm"] if vllm else ["hf"]
     figures: dict[str, Any] = {
         "workload": f"1 llm node, system prompt + 3 demos, greedy, <= {MAX_TOKENS} tokens, "
                     f"{n} word problems",
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        "device": "cuda" if tag == "gpu" else "cpu",
         "repeats": {k: [] for k in kinds},
     }
     for i in range(repeats):
@@ -212,7 +213,7 @@ def main(repeats: int, n: int, vllm: bool) -> None:
             figures[key] = round(statistics.median(values), 3)
             goal = f" (goal >= {goals[key]})" if key in goals else ""
             print(f"{key}: median {figures[key]:.2f}x of {figures[f'{key}s']}{goal}")
-    write_results("backend_throughput", figures)
+    write_results(f"{tag}_backend_throughput" if tag else "backend_throughput", figures)
 
 
 if __name__ == "__main__":
@@ -220,9 +221,10 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--inputs", type=int, default=64)
     ap.add_argument("--vllm", action="store_true", help="also measure policy.kind: vllm")
+    ap.add_argument("--tag", default="", help="results file prefix (gpu_check.sh: gpu)")
     ap.add_argument("--worker", choices=["hf", "vllm"])
     a = ap.parse_args()
     if a.worker:
         print("RESULT " + json.dumps({"hf": hf_repeat, "vllm": vllm_repeat}[a.worker](a.inputs)), flush=True)
     else:
-        main(a.repeats, a.inputs, a.vllm)
+        main(a.repeats, a.inputs, a.vllm, a.tag)

@@ -12,8 +12,8 @@ from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Column, Table
 
-from evoagent.archive.store import Archive
-from evoagent.errors import EvoagentError
+from evoagent.archive.store import DB_NAME, Archive
+from evoagent.errors import BackendError, EvoagentError
 from evoagent.graph.io import dump_graph
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -37,6 +37,11 @@ def run(
     progress: str = typer.Option(
         "rich", "--progress", help="rich (bars), jsonl (one JSON event per line) or quiet"
     ),
+    ray: str | None = typer.Option(
+        None, "--ray", help="evaluate candidates on Ray workers: a cluster ADDRESS, or 'local' "
+        "to start one for this run (needs evoagent-ml[distributed])",
+    ),
+    ray_workers: int = typer.Option(2, "--ray-workers", min=1, help="Ray workers, each with a backend"),
 ) -> None:
     """Evolve agents (and train the policy) for TASK; the archive lands in OUTPUT/NAME."""
     from evoagent import runner
@@ -44,14 +49,26 @@ def run(
 
     if progress not in REPORTERS:
         _fail(EvoagentError(f"--progress: unknown mode {progress!r}; known: {sorted(REPORTERS)}"))
+    cluster = None
+    if ray is not None:
+        cluster = runner.RayOptions(None if ray == "local" else ray, ray_workers)
+    again = f"evoagent run {task}" + (f" --output {output}" if output else "") + (
+        f" --ray {ray} --ray-workers {ray_workers}" if ray else "") + " --resume"
+    spec = None
     try:
         spec = runner.prepare(task, output=output, resume=resume)
         with reporter(progress, console) as rep:  # type: ignore[arg-type]
-            result = asyncio.run(runner.run(spec, rep))
+            result = asyncio.run(runner.run(spec, rep, cluster))
+    except BackendError as e:  # a model server that went away mid-run: the archive is intact
+        if spec is not None and (spec.run_dir / DB_NAME).exists():
+            errors.print(f"[bold red]error:[/] {escape(str(e))}\nevery finished generation is "
+                         f"archived; once the backend is back, continue with: {escape(again)}",
+                         soft_wrap=True)
+            raise typer.Exit(2) from None
+        _fail(e)
     except EvoagentError as e:
         _fail(e)
     except KeyboardInterrupt:
-        again = f"evoagent run {task}" + (f" --output {output}" if output else "") + " --resume"
         errors.print("[yellow]interrupted[/]: every finished generation is archived; "
                      f"continue with: {escape(again)}")
         raise typer.Exit(130) from None

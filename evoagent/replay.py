@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
-from torch import nn
 
 from evoagent.archive.store import Archive
 from evoagent.errors import ArchiveError, EvoagentError, RLError
@@ -28,7 +26,7 @@ from evoagent.graph.io import dump_graph, load_graph
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import SupportsTraining, make_backend
 from evoagent.rl.config import RLConfig
-from evoagent.rl.policy import LORA_TARGETS
+from evoagent.rl.policy import load_trained, lora_config
 from evoagent.spec.config import BackendConfig, RunSpec, TaskConfig
 from evoagent.tasks.datasets import Example, load_examples
 from evoagent.tools import SandboxConfig, ToolContext
@@ -83,22 +81,6 @@ def adapter_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
         raise RLError(f"cannot read checkpoint {checkpoint}: {e}") from e
 
 
-def lora_config(rl: RLConfig) -> LoraConfig:
-    """The adapter's shape, as the trainer built it (``policy.attach_lora``)."""
-    return LoraConfig(r=rl.lora_rank, lora_alpha=rl.lora_alpha, lora_dropout=0.0,
-                      target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
-
-
-def _load_weights(model: nn.Module, weights: dict[str, torch.Tensor], rl: RLConfig) -> nn.Module:
-    """The backend's training copy with the trained weights in it (LoRA injected, or all)."""
-    if rl.full_finetune:
-        model.load_state_dict(weights)
-        return model
-    peft = get_peft_model(model, lora_config(rl))
-    set_peft_model_state_dict(peft, weights)
-    return peft
-
-
 def replay_example(agent: ArchivedAgent, text: str) -> Example:
     """The run's example whose id is ``text`` (a game board, with the seed an env needs), or
     ``text`` itself as a new input when no example has that id or the data cannot be loaded."""
@@ -127,7 +109,7 @@ async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None)
                 raise RLError(f"policy.kind {agent.policy.kind!r} cannot load trained weights")
             weights = (adapter_weights(agent.checkpoint) if agent.checkpoint is not None
                        else load_file(str(adapter / _WEIGHTS[agent.rl.full_finetune])))  # type: ignore[operator]
-            backend.sync_weights(_load_weights(backend.trainable_model(), weights, agent.rl))
+            backend.sync_weights(load_trained(backend.trainable_model(), weights, agent.rl))
         backend.weights_version = agent.weights_version
         ctx = ExecContext(backend, ToolContext(agent.sandbox), seed=agent.seed)
         return await execute(agent.graph, replay_example(agent, text), ctx)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from evoagent.archive.store import DB_NAME, Archive
 from evoagent.errors import ArchiveError
 from evoagent.evolve.loop import NullReporter, Reporter, Search, SearchResult
 from evoagent.graph.io import dump_graph
-from evoagent.llm.backend import make_backend
+from evoagent.llm.backend import backend_entry, make_backend
 from evoagent.rl.phase import RLPhase
 from evoagent.spec import check_spec, load_spec
 from evoagent.spec.config import RunSpec
@@ -23,6 +24,10 @@ def prepare(task: Path | str, *, output: str | None = None, resume: bool = False
     if output is not None:
         spec = spec.model_copy(update={"output": output})
     check_spec(spec)
+    for field, cfg in (("policy", spec.policy), ("mutator", spec.mutator)):
+        preflight = backend_entry(cfg.kind).preflight if cfg is not None else None
+        if preflight is not None:
+            preflight(cfg, field)  # a server that does not answer fails here, before any model loads
     db = spec.run_dir / DB_NAME
     if db.exists() and not resume:
         raise ArchiveError(
@@ -68,14 +73,28 @@ def _leaves(value: object, prefix: str = "") -> dict[str, object]:
     return {prefix: value}
 
 
-async def run(spec: RunSpec, reporter: Reporter | None = None) -> SearchResult:
-    """Run (or resume) the search of ``spec``; the best agent is exported beside the archive."""
+@dataclass(frozen=True)
+class RayOptions:
+    """``--ray``: where the cluster is (None: start a local one) and how many workers."""
+
+    address: str | None = None
+    workers: int = 2
+
+
+async def run(spec: RunSpec, reporter: Reporter | None = None, ray: RayOptions | None = None) -> SearchResult:
+    """Run (or resume) the search of ``spec``; the best agent is exported beside the archive.
+    With ``ray``, candidates are evaluated on Ray workers (``evoagent.distributed``)."""
     if "python" in spec.task.tools and (warning := check_sandbox(spec.sandbox)):
         (reporter or NullReporter()).log(f"warning: {warning}")
+    evaluator = None
+    if ray is not None:  # the cluster first: an address that does not answer fails before a model loads
+        from evoagent.distributed.ray_evaluator import RayEvaluator
+
+        evaluator = RayEvaluator(spec, ray.address, ray.workers, (reporter or NullReporter()).log)
     policy = make_backend(spec.policy)
     mutator = policy if spec.mutator is None or spec.mutator == spec.policy else make_backend(spec.mutator)
     with Archive(spec.run_dir) as archive:
-        search = Search(spec, policy, mutator, archive, reporter)
+        search = Search(spec, policy, mutator, archive, reporter, evaluator=evaluator)
         if spec.rl.enabled:
             search.rl = RLPhase(
                 spec.rl, policy, search.ctx, spec.task.reward, spec.run_dir, spec.seed,
@@ -84,6 +103,7 @@ async def run(spec: RunSpec, reporter: Reporter | None = None) -> SearchResult:
         try:
             result = await search.run()
         finally:
+            await search.evaluator.aclose()
             await search.ctx.user.aclose()
             await policy.aclose()
             if mutator is not policy:

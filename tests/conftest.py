@@ -14,6 +14,8 @@ import torch  # noqa: E402
 
 from evoagent.spec.config import BackendConfig  # noqa: E402
 
+pytest_plugins = ["servers"]  # vLLM model, its OpenAI server, a flaky proxy (tests/servers.py)
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

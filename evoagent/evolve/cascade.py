@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from evoagent.execute.evaluate import Evaluation, evaluate
-from evoagent.execute.executor import ExecContext
+from evoagent.execute.evaluate import Evaluation, Evaluator
 from evoagent.graph.model import AgentGraph
-from evoagent.spec.config import CascadeConfig, RewardConfig
+from evoagent.spec.config import CascadeConfig
 from evoagent.tasks.datasets import Example
 
 
@@ -27,19 +26,18 @@ class CascadeResult:
 async def cascade(
     graph: AgentGraph,
     val: Sequence[Example],
-    ctx: ExecContext,
-    reward: RewardConfig,
+    evaluator: Evaluator,
     cfg: CascadeConfig,
     on_done: Callable[[], None] | None = None,
 ) -> CascadeResult:
     """Minibatch stage, then (if ``score > threshold``) the rest of val merged into ``full``."""
     m = min(cfg.minibatch, len(val))
-    first = await evaluate(graph, val[:m], ctx, reward, on_done=on_done)
+    first = await evaluator.evaluate(graph, val[:m], on_done)
     if first.score <= cfg.threshold and m < len(val):
         return CascadeResult(first, None)
     if m == len(val):
         return CascadeResult(first, first)
-    rest = await evaluate(graph, val[m:], ctx, reward, on_done=on_done)
+    rest = await evaluator.evaluate(graph, val[m:], on_done)
     full = Evaluation.of(first.trajectories + rest.trajectories, rest.weights_version,
                          first.seconds + rest.seconds)
     return CascadeResult(first, full)

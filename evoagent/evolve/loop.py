@@ -5,7 +5,10 @@ State lives only in the archive: each generation is computed in memory and writt
 transaction at its end, and every random choice derives from (run seed, generation, slot), so
 ``--resume`` after a crash or Ctrl-C redoes the unfinished generation exactly as it would have
 run. Per-candidate failures (an operator that does not apply, an invalid graph, an operator that
-crashes) are archived with the reason; only systemic faults (the model is gone) stop the run.
+crashes) are archived with the reason. A backend that fails mid-generation (a model server that
+stopped answering, after its retries) crashes the candidates it was serving, with the reason;
+only when it leaves a generation with nothing evaluated, or fails while seeding, training or
+testing, does the run stop (``BackendError``), and ``--resume`` redoes that generation.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +25,7 @@ from evoagent.errors import BackendError, EvoagentError, GraphError, MutationErr
 from evoagent.evolve.cascade import cascade
 from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
 from evoagent.evolve.selection import Candidate, Pool, get_selector
-from evoagent.execute.evaluate import Evaluation, evaluate
+from evoagent.execute.evaluate import Evaluation, Evaluator, LocalEvaluator
 from evoagent.execute.executor import ExecContext, request_seed
 from evoagent.execute.trajectory import SKIPS, Trajectory
 from evoagent.graph import AgentGraph, graph_from_dict, load_graph, validate
@@ -32,6 +35,7 @@ from evoagent.tasks.datasets import Example, load_examples, split
 from evoagent.tools import ToolContext, known_tools
 
 REDRAWS = 4  # draws per child slot while it rebuilds a known agent or its operator does not apply
+MUTATOR_FAILED = "the mutator backend failed"
 
 
 class Reporter(Protocol):
@@ -67,6 +71,9 @@ class RLHook(Protocol):
     ) -> RLPhaseResult: ...
 
     def restore(self, path: str, version: int) -> None: ...
+
+    def weights(self) -> dict[str, Any]:
+        """The trained weights now served (what a checkpoint stores), for remote evaluators."""
 
 
 class RLPhaseResult(Protocol):
@@ -121,6 +128,7 @@ class Search:
         archive: Archive,
         reporter: Reporter | None = None,
         rl: RLHook | None = None,
+        evaluator: Evaluator | None = None,
     ) -> None:
         self.spec = spec
         self.policy = policy
@@ -133,6 +141,7 @@ class Search:
         self.by_id = {e.id: e for e in examples}
         self.ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed,
                                concurrency=spec.concurrency)
+        self.evaluator = evaluator or LocalEvaluator(self.ctx, spec.task.reward)
         self.tools = sorted(set(known_tools()) | set(spec.task.tools))
         self.operators = [(get_operator(o.name), o.weight) for o in spec.evolve.operators]
         self.select = get_selector(spec.evolve.selection.kind)
@@ -150,14 +159,17 @@ class Search:
             if last[1] > 0:
                 self._restore(last[1])
         gen, version = last
-        self.policy_version(version)
+        await self._serve(version)
         self._progress(gen, version)
         for gen in range(last[0] + 1, self.spec.evolve.generations + 1):
             version = await self._generation(gen, version)
         return await self._finish(gen, version)
 
-    def policy_version(self, version: int) -> None:
+    async def _serve(self, version: int) -> None:
+        """Name the policy's weights ``version`` and hand trained ones to the evaluator."""
         self.policy.weights_version = version
+        if version > 0 and self.rl is not None:
+            await self.evaluator.sync(self.rl.weights(), version)
 
     def _restore(self, version: int) -> None:
         rows = [r for r in self.archive.checkpoints() if r["weights_version"] == version]
@@ -184,8 +196,7 @@ class Search:
         self.archive.commit_generation(pending.write())
 
     async def _full(self, graph: AgentGraph, examples: Sequence[Example]) -> Evaluation:
-        return await evaluate(graph, examples, self.ctx, self.spec.task.reward,
-                              on_done=self.reporter.advance)
+        return await self.evaluator.evaluate(graph, examples, self.reporter.advance)
 
     def _record(self, pending: _Pending, agent_id: str, split_: str, stage: str, ev: Evaluation) -> None:
         pending.add_eval(agent_id, split_, stage, ev)
@@ -217,13 +228,41 @@ class Search:
                 children.append((rec, rec.graph))
             else:
                 self.reporter.log(f"gen {gen}: {rec.operator} -> {rec.status}: {rec.reason}")
+        await self._evaluate(gen, version, children, pending)
+        checkpoint = None
+        if self.rl is not None and self.spec.rl.enabled and gen % self.spec.rl.every == 0:
+            checkpoint, version = await self._rl_phase(pending, gen, version)
+        self.archive.commit_generation(pending.write(checkpoint))
+        self._progress(gen, version)
+        return version
+
+    async def _evaluate(
+        self, gen: int, version: int, children: list[tuple[AgentRecord, AgentGraph]], pending: _Pending
+    ) -> None:
+        """Cascade-evaluate the children into ``pending``; a child the backend failed on is
+        archived as crashed, and a generation the backend left with nothing raises."""
+        cfg = self.spec.evolve
         val = self.splits["val"]
         self.reporter.stage(f"gen {gen}: evaluate {len(children)} children", len(children) * len(val))
         results = await asyncio.gather(*(
-            cascade(g, val, self.ctx, self.spec.task.reward, cfg.cascade, on_done=self.reporter.advance)
+            cascade(g, val, self.evaluator, cfg.cascade, on_done=self.reporter.advance)
             for _, g in children
-        ))
+        ), return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, BackendError):
+                raise res
+        failed = [r for r in results if isinstance(r, BackendError)]
+        mutator_failed = [a for a in pending.agents if (a.reason or "").startswith(MUTATOR_FAILED)]
+        if (failed or mutator_failed) and len(failed) == len(results):  # nothing was evaluated
+            cause = failed[0] if failed else mutator_failed[0].reason
+            raise BackendError(f"generation {gen} could not proceed: {cause}")
         for (rec, _), res in zip(children, results, strict=True):
+            if isinstance(res, BackendError):
+                crashed = replace(rec, status="crashed", reason=f"the backend failed while evaluating it: {res}")
+                pending.agents[pending.agents.index(rec)] = crashed
+                self.reporter.log(f"gen {gen}: {rec.operator} -> {rec.id} crashed: {crashed.reason}")
+                continue
+            assert not isinstance(res, BaseException)
             self._record(pending, rec.id, "val", "minibatch", res.minibatch)
             if res.full is not None:
                 pending.add_eval(rec.id, "val", "full", res.full)
@@ -233,12 +272,6 @@ class Search:
                 )
             score = f"val {res.full.score:.3f}" if res.full else f"minibatch {res.minibatch.score:.3f} (stopped)"
             self.reporter.log(f"gen {gen}: {rec.operator} {rec.parents} -> {rec.id} {score}")
-        checkpoint = None
-        if self.rl is not None and self.spec.rl.enabled and gen % self.spec.rl.every == 0:
-            checkpoint, version = await self._rl_phase(pending, gen, version)
-        self.archive.commit_generation(pending.write(checkpoint))
-        self._progress(gen, version)
-        return version
 
     def _progress(self, gen: int, version: int) -> None:
         """One line per committed generation: where the search stands and what it has cost."""
@@ -281,7 +314,9 @@ class Search:
                                    self.ctx.user, self.spec.evolve.operator_timeout_s)
         except (MutationError, GraphError) as e:
             return _failed(gen, slot, base, "invalid", str(e))
-        except (BackendError, SandboxError):
+        except BackendError as e:  # the mutator's model failed (its server is gone)
+            return _failed(gen, slot, base, "crashed", f"{MUTATOR_FAILED}: {e}")
+        except SandboxError:
             raise
         except Exception as e:  # a user's operator is a candidate boundary: archive, go on
             return _failed(gen, slot, base, "crashed", f"{type(e).__name__}: {e}")
@@ -350,7 +385,7 @@ class Search:
             f"rollout reward {metrics['reward_mean']:.3f}, samples skipped: {skipped}"
         )
         version += 1
-        self.policy_version(version)
+        await self._serve(version)
         pending.version = version
         top = pool[: max(self.spec.rl.elite, self.spec.evolve.selection.islands * 2)]
         self.reporter.stage(f"gen {gen}: re-evaluate {len(top)} under weights v{version}",

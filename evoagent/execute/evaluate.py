@@ -3,6 +3,9 @@
 All executions share one backend, whose batcher turns the concurrency here into large batched
 model calls. ``ExecContext.concurrency`` bounds executions in flight across every caller (and
 so memory), not the model's batch size.
+
+The search scores candidates through an ``Evaluator``: ``LocalEvaluator`` runs them here;
+``evoagent.distributed`` spreads them over Ray actors that each hold a backend.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from evoagent.execute.executor import ExecContext, execute
 from evoagent.execute.trajectory import Trajectory
@@ -105,3 +109,37 @@ async def evaluate(
     start = time.perf_counter()
     trajs = await rollout([(graph, ex, 0) for ex in examples], ctx, reward, on_done)
     return Evaluation.of(trajs, version, time.perf_counter() - start)
+
+
+OnDone = Callable[[], None] | None
+
+
+class Evaluator(Protocol):
+    """Scores graphs for the search. ``evaluate`` returns one trajectory per example, in order,
+    scored under the current weights version; a failing backend raises ``BackendError``.
+    ``sync`` is told after weights changed (the trainable state dict and its version), so an
+    evaluator whose backends live elsewhere can load them."""
+
+    async def evaluate(self, graph: AgentGraph, examples: Sequence[Example], on_done: OnDone = None) -> Evaluation: ...
+
+    async def sync(self, weights: dict[str, Any], version: int) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class LocalEvaluator:
+    """Evaluates in this process on ``ctx``'s backend (which RL already trains in place)."""
+
+    ctx: ExecContext
+    reward: RewardConfig
+
+    async def evaluate(self, graph: AgentGraph, examples: Sequence[Example], on_done: OnDone = None) -> Evaluation:
+        return await evaluate(graph, examples, self.ctx, self.reward, on_done)
+
+    async def sync(self, weights: dict[str, Any], version: int) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+

@@ -266,7 +266,8 @@ async def _loop(
     prev: Generation | None = None
     text = ""
     for turn in range(node.max_turns):
-        prefix = prev.prompt_ids + prev.completion_ids if prev is not None else None
+        # token-in where the backend reports token ids (a chat API server does not)
+        prefix = prev.prompt_ids + prev.completion_ids if prev is not None and prev.prompt_ids else None
         req = GenerationRequest(
             tuple(messages), node.max_tokens, _temperature(node, ctx),
             request_seed(*seed, turn), stop=stop, prefix_ids=prefix,

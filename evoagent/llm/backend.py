@@ -46,28 +46,35 @@ class SupportsTraining(Protocol):
 
 B = TypeVar("B")
 BackendFactory = Callable[[BackendConfig], Backend]
+Preflight = Callable[[BackendConfig, str], None]  # (config, spec field) -> raises BackendError
 
 
 @dataclass(frozen=True)
 class BackendEntry:
-    """A registered backend: how to build it and whether RL can train it in place."""
+    """A registered backend: how to build it, whether RL can train it in place, and a cheap
+    check run before any model loads (a package missing, a server that does not answer)."""
 
     factory: BackendFactory
     trainable: bool  # instances implement SupportsTraining (weights live in this process)
+    preflight: Preflight | None = None
 
 
 _REGISTRY: Registry[BackendEntry] = Registry("backend", BackendError)
 
 
-def register_backend(name: str, *, trainable: bool = False) -> Callable[[B], B]:
+def register_backend(
+    name: str, *, trainable: bool = False, preflight: Preflight | None = None
+) -> Callable[[B], B]:
     """Register a backend factory (a class or function taking a ``BackendConfig``).
 
     ``trainable=True`` promises that what the factory builds implements ``SupportsTraining``;
     the spec check uses it to refuse ``rl.enabled`` on a backend that cannot be trained.
+    ``preflight(cfg, field)`` runs before the search starts and raises ``BackendError``
+    naming ``field`` when the backend cannot work.
     """
 
     def deco(factory: B) -> B:
-        _REGISTRY.add(name, BackendEntry(factory, trainable))  # type: ignore[arg-type]
+        _REGISTRY.add(name, BackendEntry(factory, trainable, preflight))  # type: ignore[arg-type]
         return factory
 
     return deco
@@ -92,4 +99,4 @@ def make_backend(cfg: BackendConfig) -> Backend:
 
 def _load_builtins() -> None:
     """Import the built-in backends lazily so torch loads only when a model is wanted."""
-    from evoagent.llm import hf, scripted  # noqa: F401
+    from evoagent.llm import hf, openai, scripted, vllm  # noqa: F401

@@ -64,7 +64,10 @@ def load_model(cfg: BackendConfig) -> tuple[Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=_DTYPES[cfg.dtype], local_files_only=True
     )
-    return model, tokenizer
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BackendError(f"policy.device: {cfg.device} but this machine has no CUDA GPU torch can use")
+    return model.to(device), tokenizer
 
 
 @register_backend("hf", trainable=True)

@@ -90,6 +90,10 @@ class RLPhase:
         self.backend.sync_weights(trainer.model)
         self.backend.weights_version = version
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The trainable weights now served (a LoRA state dict, or every weight)."""
+        return self._trainer().weights()
+
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
         on_step: Callable[[], None] | None = None,

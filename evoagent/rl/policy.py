@@ -8,7 +8,7 @@ reference policy for the KL term, so no second copy of the weights is kept.
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from torch import Tensor, nn
 
 from evoagent.errors import RLError
@@ -27,17 +27,27 @@ def attach_lora(model: nn.Module, cfg: RLConfig) -> nn.Module:
     """
     if cfg.full_finetune:
         return model
-    lora = LoraConfig(
-        r=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=0.0,
-        target_modules=list(LORA_TARGETS),
-        task_type="CAUSAL_LM",
-    )
     try:
-        return get_peft_model(model, lora)
+        return get_peft_model(model, lora_config(cfg))
     except ValueError as e:
         raise RLError(f"cannot attach LoRA to {type(model).__name__}: {e}") from e
+
+
+def lora_config(cfg: RLConfig) -> LoraConfig:
+    """The adapter's shape: rank, alpha and target projections from ``cfg``."""
+    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                      target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
+
+
+def load_trained(model: nn.Module, weights: dict[str, Tensor], cfg: RLConfig) -> nn.Module:
+    """``model`` (a backend's training copy) carrying trained ``weights`` as a checkpoint holds
+    them: a LoRA state dict (the adapter is attached once, then reused) or every weight."""
+    if cfg.full_finetune:
+        model.load_state_dict(weights)
+        return model
+    peft = model if isinstance(model, PeftModel) else get_peft_model(model, lora_config(cfg))
+    set_peft_model_state_dict(peft, weights)
+    return peft
 
 
 def base_model(model: nn.Module) -> nn.Module:

@@ -214,7 +214,7 @@ class Trainer:
         state = {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
-            "weights": self._weights(),
+            "weights": self.weights(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": self._rng,
@@ -259,7 +259,8 @@ class Trainer:
         self.step = int(state["step"])
         self._rng = {k: v.cpu() for k, v in state["rng"].items()}
 
-    def _weights(self) -> dict[str, Tensor]:
+    def weights(self) -> dict[str, Tensor]:
+        """The trainable weights: the LoRA state dict, or with full fine-tuning every weight."""
         if isinstance(self.model, PeftModel):
             return get_peft_model_state_dict(self.model)
         return self.model.state_dict()

@@ -94,6 +94,10 @@ def check_spec(spec: RunSpec) -> None:
     for field, cfg in (("policy", spec.policy), ("mutator", spec.mutator)):
         if cfg is not None and cfg.kind not in known_backends():
             raise SpecError(f"{field}.kind: unknown backend {cfg.kind!r}; known: {known_backends()}")
+    rl, policy = spec.rl, spec.policy
+    if rl.enabled and policy.kind == "vllm" and not rl.full_finetune and rl.lora_rank > policy.max_lora_rank:
+        raise SpecError(f"rl.lora_rank: {rl.lora_rank} exceeds policy.max_lora_rank "
+                        f"({policy.max_lora_rank}), the largest adapter the vllm engine serves")
     if spec.rl.enabled and not backend_entry(spec.policy.kind).trainable:
         trainable = [k for k in known_backends() if backend_entry(k).trainable]
         raise SpecError(f"rl.enabled: policy.kind {spec.policy.kind!r} cannot be trained in place; "

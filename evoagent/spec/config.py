@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evoagent.rl.config import RLConfig
 from evoagent.tools.sandbox import SandboxConfig
@@ -22,10 +22,14 @@ class _Frozen(BaseModel):
 class BackendConfig(_Frozen):
     """Which model serves completions and how."""
 
-    kind: str = Field("hf", description="backend registry key: hf | scripted")
+    kind: str = Field("hf", description="backend registry key: hf | vllm | openai | scripted")
     model: str = Field("embedded", description="'embedded' (SmolLM2-135M-Instruct) or an HF folder")
     dtype: Literal["bfloat16", "float32"] = Field(
         "bfloat16", description="weight dtype; bf16 generates ~2x faster on CPU (facts/stack.md)"
+    )
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="hf: where the model runs; auto = the first CUDA GPU if there is one, else cpu",
     )
     max_batch: int = Field(32, ge=1, description="most requests in one generate call")
     max_batch_tokens: int = Field(
@@ -42,9 +46,36 @@ class BackendConfig(_Frozen):
         "RL groups, loop turns), prefilled once and reused; 0 turns prefix reuse off",
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = all cores")
+    max_lora_rank: int = Field(
+        16, ge=1, description="vllm: the largest LoRA rank the engine can serve (rl.lora_rank)"
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1,
+        description="vllm on a GPU: the share of its memory the engine takes (the trainer "
+        "needs the rest)",
+    )
     system_prompt: str = Field(
         "", description="system message added when a node has none (replaces the model default)"
     )
+    base_url: str | None = Field(
+        None, description="openai: the server's API root, e.g. http://127.0.0.1:8000/v1"
+    )
+    api_key_env: str | None = Field(
+        None, description="openai: the environment variable holding the API key (never the key)"
+    )
+    timeout_s: float = Field(120.0, gt=0, description="openai: one request's time limit")
+    max_in_flight: int = Field(16, ge=1, description="openai: most requests in flight at once")
+    retries: int = Field(
+        5, ge=0, description="openai: retries of a request after a 429, a 5xx or a dropped connection"
+    )
+
+    @model_validator(mode="after")
+    def _server_fields(self) -> BackendConfig:
+        if self.kind == "openai" and self.base_url is None:
+            raise ValueError("base_url: required for kind openai (e.g. http://127.0.0.1:8000/v1)")
+        if self.kind != "openai" and (self.base_url is not None or self.api_key_env is not None):
+            raise ValueError(f"base_url and api_key_env are for kind openai, not {self.kind!r}")
+        return self
 
 
 class DatasetConfig(_Frozen):

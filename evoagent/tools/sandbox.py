@@ -207,10 +207,12 @@ def _preexec(cfg: SandboxConfig, group: Cgroup | None) -> Callable[[], None]:
     ]
 
     def apply() -> None:
-        for which, soft, hard in limits:
-            resource.setrlimit(which, (soft, hard))
+        # The cgroup first: entering it opens a file, which RLIMIT_NOFILE would forbid in a
+        # parent holding more descriptors than the limit (they are closed only after this).
         if group is not None:
             group.enter()
+        for which, soft, hard in limits:
+            resource.setrlimit(which, (soft, hard))
 
     return apply
 

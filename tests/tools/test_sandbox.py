@@ -46,6 +46,19 @@ def test_config_is_frozen_and_strict() -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_parent_holding_many_descriptors_still_starts_the_sandbox(mode: str) -> None:
+    """A long run (an inference engine, many sockets) holds more descriptors than the
+    sandbox's RLIMIT_NOFILE; starting the sandbox must not need a new one after the limit."""
+    held = [open(os.devnull) for _ in range(3 * SandboxConfig().max_open_files)]
+    try:
+        result = run("print('fine')", mode)
+    finally:
+        for f in held:
+            f.close()
+    assert result.ok and result.stdout.strip() == "fine", result
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_prints_come_back_ok(mode: str) -> None:
     result = run("import sys\nprint('hi', sys.stdin.read())", mode, stdin="there")
     assert result.ok and result.status == "ok" and result.returncode == 0

@@ -1,0 +1,1 @@
+"""Spreading the search's evaluations over a Ray cluster (``evoagent run --ray``)."""
