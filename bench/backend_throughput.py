@@ -8,7 +8,7 @@ prompt and three few-shot demos every input repeats, greedy, at most 48 new toke
 
 - ``executor``: ``evaluate`` (executor, batcher, hf backend; completion cache off);
 - ``raw``: transformers' own ``model.generate`` on the same prompt ids, left-padded, in
-  batches of ``policy.max_batch``, on the same model object;
+  batches of ``policy.max_batch``, on the same model object (greedy, no logprobs);
 - ``sequential``: the executor with one execution in flight (one model call at a time), on the
   first 16 inputs;
 - ``lora``: the executor after ``sync_weights`` of a LoRA adapter (rank 16, random non-zero
@@ -19,7 +19,9 @@ prompt and three few-shot demos every input repeats, greedy, at most 48 new toke
 Ratios per repeat: ``hf_vs_raw`` = executor / raw (goal >= 0.9), ``hf_vs_sequential`` =
 executor / sequential (goal >= 5), ``lora_eval_ratio`` = lora / executor (goal >= 0.9); the
 medians are the claims. With ``--vllm`` the same workload runs on ``policy.kind: vllm`` in a
-separate process: ``vllm_vs_raw`` = executor on vLLM / ``LLM.generate`` on the same prompt ids.
+separate process: ``vllm_vs_raw`` = executor on vLLM / ``LLM.generate`` on the same prompt ids
+with the same sampling parameters (greedy, the sampled token's logprob; on a CPU on the first
+16 inputs only: the CPU build is slow). Every engine is warmed up on a few inputs first.
 
     python bench/backend_throughput.py [--repeats 3] [--inputs 64] [--vllm] [--tag gpu]
 """
@@ -43,6 +45,7 @@ from results_io import write_results  # bench/ is sys.path[0] when a script runs
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 48
 SEQUENTIAL_INPUTS = 16
+VLLM_INPUTS = 16  # vLLM's CPU build is about 12x slower than hf here: the ratio needs few
 SYSTEM = "Write the arithmetic expression that answers the question, and nothing else."
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -115,7 +118,10 @@ def raw_generate(backend: Any, prompts: list[list[int]]) -> dict[str, float]:
 
 
 def random_adapter(backend: Any) -> Any:
-    """The backend's training copy under a LoRA adapter with non-zero B (a trained one's cost)."""
+    """The backend's training copy under a LoRA adapter of a trained one's shape (rank 16 on
+    every projection) whose B is non-zero but small: serving it costs what serving a trained
+    one costs, while the greedy outputs, the work measured, stay the base model's. (A really
+    trained adapter changes what is generated, and with it the tokens per second.)"""
     import torch
 
     from evoagent.rl.config import RLConfig
@@ -126,7 +132,7 @@ def random_adapter(backend: Any) -> Any:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
-                p.normal_(0, 1e-3)
+                p.normal_(0, 1e-6)
     return model
 
 
@@ -138,12 +144,16 @@ def hf_repeat(n: int) -> dict[str, Any]:
     graph, examples = workload(n)
     backend = HFBackend(BackendConfig(max_batch=64, cache=False))
     prompts = [backend.chat.prompt(r) for r in requests(graph, examples)]
+    timed_eval(graph, examples[:8], backend)  # warm-up: first calls pay one-off costs
+    raw_generate(backend, prompts[:8])
+    backend.prefixes.clear()
     arms: dict[str, Any] = {"executor": timed_eval(graph, examples, backend)}
     arms["raw"] = raw_generate(backend, prompts)
     arms["sequential"] = timed_eval(graph, examples[:SEQUENTIAL_INPUTS], backend, concurrency=1)
     adapter = random_adapter(backend)
     backend.sync_weights(adapter)
     arms["lora"] = timed_eval(graph, examples, backend)
+    arms["lora"]["same_tokens_as_base"] = arms["lora"]["tokens"] == arms["executor"]["tokens"]
     unmerged = HFBackend(BackendConfig(max_batch=64, cache=False, kv_cache_mb=backend.cfg.kv_cache_mb),
                          model=adapter.get_base_model(), tokenizer=backend.tokenizer)
     arms["lora_unmerged"] = timed_eval(graph, examples, unmerged)
@@ -165,18 +175,27 @@ def vllm_repeat(n: int) -> dict[str, Any]:
     from evoagent.spec.config import BackendConfig
 
     graph, examples = workload(n)
+    examples = examples if _cuda() else examples[:VLLM_INPUTS]
     backend = make_backend(BackendConfig(kind="vllm", max_batch=64, cache=False))
-    arms: dict[str, Any] = {"executor": timed_eval(graph, examples, backend)}
     prompts = [TokensPrompt(prompt_token_ids=backend.chat.prompt(r)) for r in requests(graph, examples)]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0, detokenize=False)
+    timed_eval(graph, examples[:4], backend)  # warm-up: first calls pay one-off costs
+    backend.engine.generate(prompts[:4], params, use_tqdm=False)
+    arms: dict[str, Any] = {"executor": timed_eval(graph, examples, backend)}
     t0 = time.perf_counter()
-    outs = backend.engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
-                                   use_tqdm=False)
+    outs = backend.engine.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     arms["raw"] = {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
     arms["ratios"] = {"vllm_vs_raw": arms["executor"]["tok_s"] / arms["raw"]["tok_s"]}
     asyncio.run(backend.aclose())
     return arms
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def in_subprocess(kind: str, n: int) -> dict[str, Any]:

@@ -9,7 +9,8 @@ backend, group advantages, ``Trainer.train_step``); TRL's is ``GRPOTrainer.train
 ``max_steps``. Each side runs in its own process (peak RSS is per process); after one warm-up
 step, ``--steps`` steps are timed. Throughput counts completion tokens per second of step time.
 
-The pair runs ``--repeats`` times (this machine is noisy); prints each repeat's throughput
+The pair runs ``--repeats`` times (this machine is noisy), alternating which side goes first;
+prints each repeat's throughput
 ratio (evoagent / TRL; goal: median >= 1.5) and peak-RSS ratio (goal <= 1.0), and writes
 ``bench/results/rl_step.json``: every ratio (``throughput_ratios``, ``peak_rss_ratios``) and
 their medians (``throughput_ratio``, ``peak_rss_ratio``), the claims.
@@ -34,6 +35,7 @@ from results_io import write_results  # bench/ is sys.path[0] when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, MAX_TOKENS, RANK, ALPHA, LR = 4, 4, 32, 8, 16, 1e-5
+SETTLE_S = 10
 
 
 def examples() -> list[tuple[str, str]]:
@@ -160,7 +162,13 @@ def main(steps: int, repeats: int) -> None:
                                   "lora_rank": RANK, "steps_timed": steps, "repeats": []}
     throughput, rss = [], []
     for i in range(repeats):
-        pair = {side: run_side(side, steps) for side in ("trl", "evoagent")}
+        # Alternate who goes first and let the machine settle in between: the process after a
+        # large one that just exited runs slower here while the kernel reclaims its memory.
+        order = ("trl", "evoagent") if i % 2 == 0 else ("evoagent", "trl")
+        pair = {}
+        for side in order:
+            time.sleep(SETTLE_S)
+            pair[side] = run_side(side, steps)
         evo, trl = pair["evoagent"], pair["trl"]
         throughput.append(round(evo["tokens_per_s"] / trl["tokens_per_s"], 3))
         rss.append(round(evo["peak_rss_mb"] / trl["peak_rss_mb"], 3))

@@ -108,9 +108,9 @@ class RayEvaluator:
     def __init__(
         self, spec: RunSpec, address: str | None, workers: int, log: Callable[[str], None] = print
     ) -> None:
-        ray = import_ray()
         if address:
             check_address(address)
+        ray = import_ray()
         self.ray = ray
         self.spec = spec
         if not ray.is_initialized():

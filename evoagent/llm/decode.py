@@ -2,8 +2,8 @@
 every row with its own temperature, budget, stop strings and seeded RNG.
 
 A plain KV-cached loop rather than ``model.generate``: a request's draws must not depend on
-which other requests shared its batch (its own ``torch.Generator``), or caching and
-``--resume`` would not reproduce. Rows that finish leave the batch: once a quarter of the rows
+which other requests shared its batch (its own ``torch.Generator``, one uniform per token,
+inverse-CDF sampling), or caching and ``--resume`` would not reproduce. Rows that finish leave the batch: once a quarter of the rows
 still decoded are done, the cache keeps only the live rows, so a batch of short answers and one
 long one does not decode the short ones' padding to the end. Logprobs are
 ``log_softmax(logits / T)`` of the sampled token in float32 (T = 1 for greedy rows).
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from evoagent.llm.kv import KV, BufferLayer, Rows, fresh_cache, row_kv
 
@@ -95,13 +96,11 @@ def decode(
         idx = torch.tensor(live)
         logits = result.logits[:, -1, :].float().cpu()  # (b, V)
         lp = torch.log_softmax(logits / temps[idx, None], dim=-1)  # (b, V)
-        picked = lp.argmax(-1)  # (b,)
+        picked = torch.where(greedy[idx], lp.argmax(-1), _sample(lp, [gens[r] for r in live]))  # (b,)
         nxt = torch.full((len(live),), pad_id, dtype=torch.long)
         for slot, row in enumerate(live):
             if done[row]:
                 continue
-            if not greedy[row]:
-                picked[slot] = torch.multinomial(lp[slot].exp(), 1, generator=gens[row])[0]
             tok = int(picked[slot])
             d = out[row]
             d.tokens.append(tok)
@@ -126,3 +125,13 @@ def decode(
         step = Rows(cache, nxt.view(-1, 1).to(device), mask, pos)
         result = forward(model, step, cache_arg, last_logits)
     return out
+
+
+def _sample(lp: Tensor, gens: list[torch.Generator]) -> Tensor:
+    """(b,) one draw per row from exp(lp) by inverse CDF: one uniform from each row's own
+    generator (its draws depend on nothing else in the batch), one cumsum and one search for
+    the whole batch, instead of a multinomial call per row (a millisecond each at 49k)."""
+    u = torch.cat([torch.rand(1, generator=g) for g in gens])  # (b,)
+    cdf = lp.exp().cumsum(-1)  # (b, V)
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1)  # (b,)
+    return picked.clamp(max=lp.shape[-1] - 1)

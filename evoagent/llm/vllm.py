@@ -160,9 +160,10 @@ class VLLMBackend:
 
         version = self.weights_version
         prompts = [self.chat.prompt(r) for r in requests]
-        params = [
-            SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, seed=r.seed,
-                           stop=list(r.stop), logprobs=0, skip_special_tokens=True)
+        params = [  # a seed only where it matters; vLLM's text only where stop strings need it
+            SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature,
+                           seed=r.seed if r.temperature > 0 else None, stop=list(r.stop),
+                           logprobs=0, detokenize=bool(r.stop), skip_special_tokens=True)
             for r in requests
         ]
         outs = self.engine.generate(

@@ -18,6 +18,11 @@ Departures from PPO/GRPO as usually written (TRL, verl):
   micro-batching too (see its docstring).
 - The learning-rate schedule is transformers' (``rl.lr_schedule``); its state is checkpointed
   with the optimizer's, so a resumed run continues on the same curve.
+- On CPU, with gradient checkpointing, attention runs eagerly (softmax(QK^T)V as matmuls):
+  torch's CPU flash-attention kernel with an explicit mask (padding, or ``rl.packing``'s
+  block mask) is the slower one here, most of all in backward (one GRPO step of the
+  ``bench/rl_step.py`` shape: 3.37 s with sdpa, 3.03 s eager). Eager attention holds one
+  layer's (B, H, L, L) weights at a time, which checkpointing bounds; without it, sdpa stays.
 - The trainer owns its torch RNG stream (dropout): each step runs under ``fork_rng`` from a state
   seeded by ``seed`` and saved in checkpoints, so training neither reads nor disturbs the
   process-wide RNG, and a resumed trainer continues bit for bit.
@@ -64,6 +69,8 @@ class Trainer:
                 base.activation_checkpointing_enable({"use_reentrant": False})
             else:
                 base.gradient_checkpointing_enable({"use_reentrant": False})
+            if next(base.parameters()).device.type == "cpu" and hasattr(base, "set_attn_implementation"):
+                base.set_attn_implementation("eager")  # see the module docstring
         self.pad_id = pad_id
         self.step = 0
         self._params = [p for p in model.parameters() if p.requires_grad]
