@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from results_io import write_results  # bench/ is sys.path[0] when a script runs
+
 from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
 from evoagent.archive.views import ListFilter, agent_detail, lineage_edges, list_agents
 from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.graph.model import AgentGraph, LLMNode
 from evoagent.spec.config import SelectionConfig
-
-from results_io import write_results  # bench/ is sys.path[0] when a script runs
 
 PER_GENERATION = 1000
 VAL = 32  # val examples: scores are k/32, as a real run's are

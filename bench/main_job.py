@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from evoagent import runner
-from evoagent.evolve.loop import NullReporter
-
 from results_io import write_results  # bench/ is sys.path[0] when a script runs
+
+from evoagent import runner
+from evoagent.evolve.hooks import NullReporter
 
 ROOT = Path(__file__).resolve().parents[1]
 

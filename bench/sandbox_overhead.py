@@ -25,10 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from evoagent.tools import SandboxConfig, run_python
-
 from results_io import write_results  # bench/ is sys.path[0] when a script runs
 
+from evoagent.tools import SandboxConfig, run_python
 
 
 async def bare(code: str) -> None:

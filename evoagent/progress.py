@@ -26,7 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from evoagent.evolve.loop import NullReporter, Reporter
+from evoagent.evolve.hooks import NullReporter, Reporter
 
 Mode = Literal["rich", "jsonl", "quiet"]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from evoagent.archive.store import DB_NAME, Archive
 from evoagent.errors import ArchiveError
-from evoagent.evolve.loop import NullReporter, Reporter, Search, SearchResult
+from evoagent.evolve.hooks import NullReporter, Reporter, SearchResult
+from evoagent.evolve.loop import Search
 from evoagent.graph.io import dump_graph
 from evoagent.llm.backend import backend_entry, make_backend
 from evoagent.rl.phase import RLPhase

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
 
 from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
 from evoagent.errors import BackendError, EvoagentError, GraphError, MutationError, SandboxError
 from evoagent.evolve.cascade import cascade
+from evoagent.evolve.hooks import NullReporter, Reporter, RLHook, SearchResult
 from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
 from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.evaluate import Evaluation, Evaluator, LocalEvaluator
@@ -36,64 +36,6 @@ from evoagent.tools import ToolContext, known_tools
 
 REDRAWS = 4  # draws per child slot while it rebuilds a known agent or its operator does not apply
 MUTATOR_FAILED = "the mutator backend failed"
-
-
-class Reporter(Protocol):
-    """Progress sink (the CLI draws rich bars); every method is optional to act on."""
-
-    def stage(self, name: str, total: int) -> None: ...
-
-    def advance(self) -> None: ...
-
-    def log(self, message: str) -> None: ...
-
-    def search(self, generation: int, total: int, summary: str) -> None:
-        """The search as a whole: ``generation`` of ``total`` committed; ``summary`` says the
-        best score and the cost so far."""
-
-
-class NullReporter:
-    def stage(self, name: str, total: int) -> None: ...
-
-    def advance(self) -> None: ...
-
-    def log(self, message: str) -> None: ...
-
-    def search(self, generation: int, total: int, summary: str) -> None: ...
-
-
-class RLHook(Protocol):
-    """What the loop needs from the inner RL loop (``evoagent.rl.phase.RLPhase``)."""
-
-    async def train(
-        self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
-        on_step: Callable[[], None] | None = None,
-    ) -> RLPhaseResult: ...
-
-    def restore(self, path: str, version: int) -> None: ...
-
-    def weights(self) -> dict[str, Any]:
-        """The trained weights now served (what a checkpoint stores), for remote evaluators."""
-
-
-class RLPhaseResult(Protocol):
-    """An RL phase's checkpoint path, metrics and rollouts (``evoagent.rl.phase.PhaseResult``)."""
-
-    checkpoint: str
-    metrics: dict[str, Any]
-    rollouts: list[Trajectory]
-    archive: bool
-
-
-@dataclass
-class SearchResult:
-    run_dir: Path
-    best_id: str
-    best_val: float
-    seed_val: float
-    test: float | None
-    weights_version: int
-    generations: int
 
 
 @dataclass

@@ -12,8 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution
-from optuna.distributions import IntDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from evoagent.errors import MutationError
 from evoagent.evolve.operators import MutationContext, mutation

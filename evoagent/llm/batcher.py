@@ -24,10 +24,18 @@ Res = TypeVar("Res")
 
 
 class Batcher(Generic[Req, Res]):
-    """Serialises calls of ``fn(batch) -> results`` (aligned lists) and batches their inputs."""
+    """Serialises calls of ``fn(batch) -> results`` (aligned lists) and batches their inputs.
 
-    def __init__(self, fn: Callable[[list[Req]], list[Res]], max_batch: int, wait_ms: float):
+    Any failure of ``fn`` is the model's, not the agent's: its callers get it as a
+    ``BackendError`` naming the backend, so the executor does not mistake it for one input's
+    bad luck.
+    """
+
+    def __init__(
+        self, fn: Callable[[list[Req]], list[Res]], max_batch: int, wait_ms: float, name: str
+    ):
         self._fn = fn
+        self._name = name
         self._max = max_batch
         self._wait = wait_ms / 1000.0
         self._queue: list[tuple[Req, asyncio.Future[Res]]] = []
@@ -74,9 +82,12 @@ class Batcher(Generic[Req, Res]):
                             f"the model call returned {len(results)} results for {len(live)} requests"
                         )
                 except BaseException as e:  # a failed model call fails its callers, not the loop
+                    err = e
+                    if isinstance(e, Exception) and not isinstance(e, BackendError):
+                        err = BackendError(f"{self._name} backend failed: {type(e).__name__}: {e}")
                     for _, f in live:
                         if not f.done():
-                            f.set_exception(e)
+                            f.set_exception(err)
                     if not isinstance(e, Exception):
                         raise
                     continue

@@ -8,6 +8,7 @@ simply stops matching. The cache is bounded (least recently used entries go firs
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from evoagent.llm.types import Generation, GenerationRequest
@@ -52,3 +53,24 @@ def _key(version: int, r: GenerationRequest) -> tuple:
     """A hashable key: messages are dicts, so they enter as (role, content) pairs."""
     msgs = tuple((m["role"], m["content"]) for m in r.messages)
     return (version, msgs, r.max_tokens, r.temperature, r.seed, r.stop, r.prefix_ids)
+
+
+Fetch = Callable[[list[GenerationRequest]], Awaitable[list[Generation]]]
+
+
+async def through_cache(
+    cache: GenerationCache | None, version: int, requests: Sequence[GenerationRequest], fetch: Fetch
+) -> list[Generation]:
+    """Answer ``requests`` from ``cache`` where it can, the rest with one ``fetch`` call, and
+    keep what ``fetch`` returns under ``version`` (unless the weights changed meanwhile)."""
+    out: list[Generation | None] = [
+        cache.get(version, r) if cache is not None else None for r in requests
+    ]
+    todo = [i for i, g in enumerate(out) if g is None]
+    if todo:
+        fresh = await fetch([requests[i] for i in todo])
+        for i, g in zip(todo, fresh, strict=True):
+            out[i] = g
+            if cache is not None and g.weights_version == version:
+                cache.put(version, requests[i], g)
+    return [g for g in out if g is not None]

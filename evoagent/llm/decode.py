@@ -96,7 +96,10 @@ def decode(
         idx = torch.tensor(live)
         logits = result.logits[:, -1, :].float().cpu()  # (b, V)
         lp = torch.log_softmax(logits / temps[idx, None], dim=-1)  # (b, V)
-        picked = torch.where(greedy[idx], lp.argmax(-1), _sample(lp, [gens[r] for r in live]))  # (b,)
+        picked = lp.argmax(-1)  # (b,)
+        hot = [slot for slot, row in enumerate(live) if not greedy[row] and not done[row]]
+        if hot:  # only the rows that sample pay for it
+            picked[hot] = _sample(lp[hot], [gens[live[slot]] for slot in hot])
         nxt = torch.full((len(live),), pad_id, dtype=torch.long)
         for slot, row in enumerate(live):
             if done[row]:

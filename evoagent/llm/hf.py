@@ -39,7 +39,7 @@ from torch import nn
 from evoagent.errors import BackendError
 from evoagent.llm.backend import register_backend
 from evoagent.llm.batcher import Batcher
-from evoagent.llm.cache import GenerationCache
+from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.decode import Sampling, decode, forward
 from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
@@ -95,7 +95,7 @@ class HFBackend:
         self.cache = GenerationCache()
         self.prefixes = PrefixStore(cfg.kv_cache_mb * 2**20)
         self._batcher: Batcher[GenerationRequest, Generation] = Batcher(
-            self._generate_batch, cfg.max_batch, cfg.batch_wait_ms
+            self._generate_batch, cfg.max_batch, cfg.batch_wait_ms, "hf"
         )
         self._trained: nn.Module | None = None
         self.completion_tokens = 0
@@ -112,29 +112,11 @@ class HFBackend:
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Answer each request, from the cache when allowed, else through the batcher.
 
-        Any failure here is the model's, not the agent's: it is raised as ``BackendError`` so the
+        Any failure of the model call is raised as ``BackendError`` (the batcher wraps it), so the
         executor does not mistake it for one input's bad luck.
         """
-        try:
-            return await self._generate(requests)
-        except BackendError:
-            raise
-        except Exception as e:
-            raise BackendError(f"hf backend failed: {type(e).__name__}: {e}") from e
-
-    async def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        version = self.weights_version
-        out: list[Generation | None] = [
-            self.cache.get(version, r) if self.cfg.cache else None for r in requests
-        ]
-        todo = [i for i, g in enumerate(out) if g is None]
-        if todo:
-            fresh = await self._batcher.submit([requests[i] for i in todo])
-            for i, g in zip(todo, fresh, strict=True):
-                out[i] = g
-                if self.cfg.cache and g.weights_version == version:
-                    self.cache.put(version, requests[i], g)
-        return [g for g in out if g is not None]
+        cache = self.cache if self.cfg.cache else None
+        return await through_cache(cache, self.weights_version, requests, self._batcher.submit)
 
     async def aclose(self) -> None:
         """Stop serving; a batch being decoded in the worker thread ends at its next token, so
@@ -169,15 +151,17 @@ class HFBackend:
         """
         prompts = [self.chat.prompt(r) for r in requests]
         cost = [len(p) + r.max_tokens for p, r in zip(prompts, requests, strict=True)]
-        out: dict[int, Generation] = {}
-        part: list[int] = []
+        parts: list[list[int]] = [[]]
+        width = 0  # the widest row of the current part
         for i in sorted(range(len(requests)), key=lambda i: prompts[i]):
-            width = max([cost[i], *(cost[j] for j in part)])
-            if part and (len(part) + 1) * width > self.cfg.max_batch_tokens:
-                out.update(zip(part, self._decode([requests[j] for j in part], [prompts[j] for j in part])))
-                part = []
-            part.append(i)
-        out.update(zip(part, self._decode([requests[j] for j in part], [prompts[j] for j in part])))
+            if parts[-1] and (len(parts[-1]) + 1) * max(width, cost[i]) > self.cfg.max_batch_tokens:
+                parts.append([])
+                width = 0
+            parts[-1].append(i)
+            width = max(width, cost[i])
+        out: dict[int, Generation] = {}
+        for part in parts:
+            out.update(zip(part, self._decode([requests[j] for j in part], [prompts[j] for j in part])))
         release_memory()  # the KV caches and prefill activations of this call are garbage now
         return [out[i] for i in range(len(requests))]
 

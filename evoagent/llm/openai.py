@@ -31,7 +31,7 @@ import httpx
 
 from evoagent.errors import BackendError
 from evoagent.llm.backend import register_backend
-from evoagent.llm.cache import GenerationCache
+from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.types import Generation, GenerationRequest
 from evoagent.spec.config import BackendConfig
 
@@ -93,22 +93,16 @@ class OpenAIBackend:
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Answer each request (concurrently, at most ``max_in_flight`` at once)."""
-        return list(await asyncio.gather(*(self._cached(r) for r in requests)))
+        cache = self.cache if self.cfg.cache else None
+        return await through_cache(cache, self.weights_version, requests, self._fetch)
+
+    async def _fetch(self, requests: list[GenerationRequest]) -> list[Generation]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
-
-    async def _cached(self, r: GenerationRequest) -> Generation:
-        version = self.weights_version
-        hit = self.cache.get(version, r) if self.cfg.cache else None
-        if hit is not None:
-            return hit
-        g = await self._one(r)
-        if self.cfg.cache:
-            self.cache.put(version, r, g)
-        return g
 
     async def _one(self, r: GenerationRequest) -> Generation:
         messages = list(r.messages)

@@ -33,7 +33,7 @@ import torch
 from evoagent.errors import BackendError
 from evoagent.llm.backend import register_backend
 from evoagent.llm.batcher import Batcher
-from evoagent.llm.cache import GenerationCache
+from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
 from evoagent.llm.types import Generation, GenerationRequest
@@ -91,7 +91,7 @@ class VLLMBackend:
         self.weights_version = 0
         self.cache = GenerationCache()
         self._batcher: Batcher[GenerationRequest, Generation] = Batcher(
-            self._generate_batch, cfg.max_batch, cfg.batch_wait_ms
+            self._generate_batch, cfg.max_batch, cfg.batch_wait_ms, "vllm"
         )
         self._adapters = Path(tempfile.mkdtemp(prefix="evoagent-vllm-lora-"))
         self._lora: Any = None  # the LoRARequest every request is served with, or None: base
@@ -102,23 +102,8 @@ class VLLMBackend:
     # -- Backend -----------------------------------------------------------------------------
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Answer each request, from the cache when allowed, else through the batcher."""
-        version = self.weights_version
-        out: list[Generation | None] = [
-            self.cache.get(version, r) if self.cfg.cache else None for r in requests
-        ]
-        todo = [i for i, g in enumerate(out) if g is None]
-        if todo:
-            try:
-                fresh = await self._batcher.submit([requests[i] for i in todo])
-            except BackendError:
-                raise
-            except Exception as e:
-                raise BackendError(f"vllm backend failed: {type(e).__name__}: {e}") from e
-            for i, g in zip(todo, fresh, strict=True):
-                out[i] = g
-                if self.cfg.cache and g.weights_version == version:
-                    self.cache.put(version, requests[i], g)
-        return [g for g in out if g is not None]
+        cache = self.cache if self.cfg.cache else None
+        return await through_cache(cache, self.weights_version, requests, self._batcher.submit)
 
     async def aclose(self) -> None:
         await self._batcher.aclose()

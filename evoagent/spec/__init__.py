@@ -41,7 +41,8 @@ def check_spec(spec: RunSpec) -> None:
         sys.path.insert(0, base)
     from evoagent.evolve.operators import get_operator
     from evoagent.evolve.selection import get_selector
-    from evoagent.graph import load_graph, validate as validate_graph
+    from evoagent.graph import load_graph
+    from evoagent.graph import validate as validate_graph
     from evoagent.llm.backend import backend_entry, known_backends
     from evoagent.tasks.datasets import import_ref, known_datasets, load_examples, split
     from evoagent.tasks.extract import get_extractor

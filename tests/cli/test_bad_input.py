@@ -207,9 +207,10 @@ def test_the_corpus_is_large_and_distinct():
 
 @pytest.fixture
 def archive_run(tmp_path) -> Path:
+    import yaml
+
     from evoagent.archive import AgentRecord, GenerationWrite
     from evoagent.graph import graph_from_dict
-    import yaml
 
     g = graph_from_dict(yaml.safe_load(GRAPH), "g")
     twins = [g.replace_node(g.node("a").model_copy(update={"system": f"v{i}"})) for i in range(40)]

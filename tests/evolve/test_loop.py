@@ -11,7 +11,8 @@ import pytest
 
 import evoagent
 from evoagent.archive import Archive
-from evoagent.evolve.loop import NullReporter, Search
+from evoagent.evolve.hooks import NullReporter
+from evoagent.evolve.loop import Search
 from evoagent.llm.scripted import ScriptedBackend
 from evoagent.spec import check_spec, load_spec
 

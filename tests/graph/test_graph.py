@@ -8,7 +8,15 @@ import pytest
 import yaml
 
 from evoagent.errors import GraphError
-from evoagent.graph import AgentGraph, LLMNode, ToolNode, dump_graph, graph_from_dict, load_graph, validate
+from evoagent.graph import (
+    AgentGraph,
+    LLMNode,
+    ToolNode,
+    dump_graph,
+    graph_from_dict,
+    load_graph,
+    validate,
+)
 from evoagent.tools import known_tools
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-
 SPEC = """
 name: crash
 seed: 5

@@ -11,7 +11,7 @@ from evoagent.llm.batcher import Batcher
 
 
 def test_concurrent_requests_share_calls_and_keep_their_order():
-    b: Batcher[int, int] = Batcher(lambda xs: [x * 10 for x in xs], max_batch=8, wait_ms=20)
+    b: Batcher[int, int] = Batcher(lambda xs: [x * 10 for x in xs], 8, 20, "test")
 
     async def main():
         return await asyncio.gather(*(b.submit([i, i + 100]) for i in range(6)))
@@ -22,7 +22,7 @@ def test_concurrent_requests_share_calls_and_keep_their_order():
 
 
 def test_a_wrong_number_of_results_fails_the_callers_instead_of_hanging():
-    b: Batcher[int, int] = Batcher(lambda xs: xs[:-1], max_batch=4, wait_ms=0)
+    b: Batcher[int, int] = Batcher(lambda xs: xs[:-1], max_batch=4, wait_ms=0, name="test")
 
     async def main():
         return await asyncio.wait_for(b.submit([1, 2, 3]), 5)
@@ -31,7 +31,7 @@ def test_a_wrong_number_of_results_fails_the_callers_instead_of_hanging():
         asyncio.run(main())
 
 
-def test_a_failed_call_fails_only_its_batch_and_a_new_event_loop_starts_clean():
+def test_a_failed_call_fails_only_its_batch_as_a_backend_error_and_a_new_loop_starts_clean():
     calls = []
 
     def fn(xs):
@@ -40,8 +40,8 @@ def test_a_failed_call_fails_only_its_batch_and_a_new_event_loop_starts_clean():
             raise RuntimeError("model fell over")
         return xs
 
-    b: Batcher[int, int] = Batcher(fn, max_batch=4, wait_ms=0)
-    with pytest.raises(RuntimeError, match="fell over"):
+    b: Batcher[int, int] = Batcher(fn, max_batch=4, wait_ms=0, name="test")
+    with pytest.raises(BackendError, match="test backend failed: RuntimeError: model fell over"):
         asyncio.run(b.submit([-1]))
     assert asyncio.run(b.submit([5, 6])) == [5, 6]  # second asyncio.run: a fresh worker
     assert calls[-1] == [5, 6]
