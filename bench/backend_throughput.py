@@ -45,7 +45,7 @@ from results_io import write_results  # bench/ is sys.path[0] when a script runs
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 48
 SEQUENTIAL_INPUTS = 16
-VLLM_INPUTS = 16  # vLLM's CPU build is about 12x slower than hf here: the ratio needs few
+VLLM_INPUTS = 16  # on a CPU: vLLM's CPU build is a correctness target; a ratio needs few inputs
 SYSTEM = "Write the arithmetic expression that answers the question, and nothing else."
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -1,22 +1,29 @@
 """Measure the README's main job: ``evoagent run examples/arithmetic/task.yaml`` on the embedded
-SmolLM2-135M-Instruct, end to end, on this machine.
+SmolLM2-135M-Instruct, end to end, on this machine, beside the same run without RL.
 
-The baseline is the search's own starting point, measured in the same run: the best seed
-graph's val score. Prints the val gain of the best evolved agent as a ratio over it, the test
-score of that agent, the wall-clock time and the peak RSS; writes them to
-``bench/results/main_job.json``.
+Two arms, each in its own process (so each peak RSS is its own), at the same seed: ``joint``
+(the task as written: evolution and RL phases) and ``evolve`` (the same spec with
+``rl.enabled: false``), so the figures say what the weights add. The baseline of each arm is
+the search's own starting point, measured in the same run: the best seed graph's val score.
+Prints and writes per arm the best val and its ratio over the seed, the test score of the final
+best agent, wall-clock time, peak RSS and the evaluation cost (agent executions and generated
+tokens, RL rollouts excluded), plus joint - evolve; writes ``bench/results/main_job.json`` (for
+another task: ``main_job_<task name>.json``).
 
-    python bench/main_job.py [--task examples/arithmetic/task.yaml]
+    python bench/main_job.py [--task examples/arithmetic/task.yaml] [--arms joint,evolve]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import resource
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +34,7 @@ from evoagent import runner
 from evoagent.evolve.hooks import NullReporter
 
 ROOT = Path(__file__).resolve().parents[1]
+ARM_MARK = "ARM-RESULT "  # the line a child process reports its arm on
 
 
 class PrintLog(NullReporter):
@@ -50,22 +58,25 @@ class PrintLog(NullReporter):
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", default=str(ROOT / "examples" / "arithmetic" / "task.yaml"))
-    args = ap.parse_args()
+def run_arm(task: str, arm: str) -> dict[str, object]:
+    """One arm in this process: the search, then its figures."""
+    from evoagent.archive.store import Archive
+
     out = Path(tempfile.mkdtemp(prefix="evoagent-bench-"))
     try:
-        spec = runner.prepare(args.task, output=str(out))
+        spec = runner.prepare(task, output=str(out))
+        if arm == "evolve":
+            spec = spec.model_copy(update={"rl": spec.rl.model_copy(update={"enabled": False})})
         start = time.perf_counter()
         log = PrintLog()
         result = asyncio.run(runner.run(spec, log))
         seconds = time.perf_counter() - start
+        with Archive(result.run_dir, write=False) as archive:
+            executions, tokens = archive.cost()
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    ratio = result.best_val / result.seed_val if result.seed_val > 0 else float("inf")
-    figures = {
-        "task": str(Path(args.task).resolve().relative_to(ROOT)),
+    ratio = result.best_val / result.seed_val if result.seed_val > 0 else None
+    return {
         "seed_val": result.seed_val,
         "best_val": result.best_val,
         "val_gain_ratio": ratio,
@@ -73,15 +84,51 @@ def main() -> None:
         "best_id": result.best_id,
         "weights_version": result.weights_version,
         "generations": result.generations,
+        "executions": executions,
+        "tokens": tokens,
         "wall_s": round(seconds, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
         "generations_committed": log.curve,
     }
-    print(f"best seed val {result.seed_val:.3f} -> best evolved val {result.best_val:.3f} "
-          f"(ratio {ratio:.1f}x), test {result.test}, {seconds / 60:.1f} min, "
-          f"peak RSS {figures['peak_rss_mb']} MB")
-    write_results("main_job", figures)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", default=str(ROOT / "examples" / "arithmetic" / "task.yaml"))
+    ap.add_argument("--arms", default="joint,evolve", help="comma-separated: joint, evolve")
+    ap.add_argument("--arm", help=argparse.SUPPRESS)  # internal: run one arm, print its JSON
+    args = ap.parse_args()
+    if args.arm:
+        print(ARM_MARK + json.dumps(run_arm(args.task, args.arm)), flush=True)
+        return
+    arms: dict[str, dict[str, object]] = {}
+    for arm in args.arms.split(","):
+        print(f"== arm {arm}", flush=True)
+        proc = subprocess.run([sys.executable, __file__, "--task", args.task, "--arm", arm],
+                              stdout=subprocess.PIPE, text=True, check=True)
+        lines = proc.stdout.splitlines()
+        print("\n".join(line for line in lines if not line.startswith(ARM_MARK)), flush=True)
+        arms[arm] = json.loads(next(line for line in lines if line.startswith(ARM_MARK))[len(ARM_MARK):])
+        a = arms[arm]
+        print(f"{arm}: best seed val {a['seed_val']:.3f} -> best val {a['best_val']:.3f}, test "
+              f"{a['test']}, {a['executions']} executions, {float(a['wall_s']) / 60:.1f} min, "
+              f"peak RSS {a['peak_rss_mb']} MB", flush=True)
+    task = Path(args.task).resolve()
+    figures: dict[str, object] = {
+        "task": str(task.relative_to(ROOT)),
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        "arms": arms,
+    }
+    if {"joint", "evolve"} <= arms.keys():
+        j, e = arms["joint"], arms["evolve"]
+        figures["joint_minus_evolve"] = {
+            "val": float(j["best_val"]) - float(e["best_val"]),  # type: ignore[arg-type]
+            "test": None if j["test"] is None or e["test"] is None
+            else float(j["test"]) - float(e["test"]),  # type: ignore[arg-type]
+        }
+        print(f"joint - evolve: {figures['joint_minus_evolve']}")
+    name = "main_job" if task == ROOT / "examples" / "arithmetic" / "task.yaml" else f"main_job_{task.parent.name}"
+    write_results(name, figures)
 
 
 if __name__ == "__main__":

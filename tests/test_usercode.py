@@ -90,14 +90,14 @@ def test_a_hanging_reward_is_killed_and_the_pool_serves_on(plugin):
 
     hung, fine = asyncio.run(go())
     assert hung[0] == 0.0 and "timed out after 1s" in hung[1] and "killed" in hung[1]
-    assert fine == (1.0, None)
+    assert fine == (1.0, None, None)
     assert user.killed == 1
     asyncio.run(user.aclose())
 
 
 def test_a_raising_reward_is_a_reason_not_a_crash(plugin):
     cfg = RewardConfig(kind="python", ref="plugin_mod:bad_reward", extract="raw")
-    value, reason = asyncio.run(score("5", EX, cfg, UserCode()))
+    value, reason, _ = asyncio.run(score("5", EX, cfg, UserCode()))
     assert value == 0.0 and "KeyError" in reason and "no such field" in reason
 
 

@@ -338,16 +338,23 @@ class Archive:
     def checkpoints(self) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM rl_checkpoints ORDER BY weights_version").fetchall()
 
-    def candidates(self, split: str, version: int) -> list[tuple[str, float, int, int, int]]:
-        """(id, score, island, children, generation) of every valid agent with a full score on
-        ``split`` under ``version``: the selection pool, in one query (children counted once)."""
+    def candidates(self, split: str, version: int) -> list[tuple[str, float, int, int, int, int]]:
+        """(id, score, island, children, generation, scored under) of every valid agent with a
+        full score on ``split``: the selection pool, in one query (children counted once).
+
+        An agent's score is its latest under a weights version up to ``version``, with that
+        version: after an RL phase the agents not re-scored stay selectable, marked stale.
+        """
         return [tuple(r) for r in self.db.execute(
-            "WITH kids AS (SELECT parent AS id, COUNT(*) AS n FROM lineage GROUP BY parent) "
-            "SELECT a.id, MAX(e.score), a.island, COALESCE(k.n, 0), a.generation FROM agents a "
-            "JOIN evaluations e ON e.agent_id = a.id LEFT JOIN kids k ON k.id = a.id "
-            "WHERE a.status = 'ok' AND e.split = ? AND e.weights_version = ? AND e.stage = 'full' "
-            "GROUP BY a.id",
-            (split, version),
+            "WITH kids AS (SELECT parent AS id, COUNT(*) AS n FROM lineage GROUP BY parent), "
+            "last AS (SELECT agent_id, MAX(weights_version) AS v FROM evaluations "
+            "WHERE split = ? AND stage = 'full' AND weights_version <= ? GROUP BY agent_id) "
+            "SELECT a.id, MAX(e.score), a.island, COALESCE(k.n, 0), a.generation, l.v FROM agents a "
+            "JOIN last l ON l.agent_id = a.id "
+            "JOIN evaluations e ON e.agent_id = a.id AND e.split = ? AND e.stage = 'full' "
+            "AND e.weights_version = l.v LEFT JOIN kids k ON k.id = a.id "
+            "WHERE a.status = 'ok' GROUP BY a.id",
+            (split, version, split),
         )]
 
     def graph(self, agent_id: str) -> AgentGraph:

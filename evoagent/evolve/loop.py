@@ -23,11 +23,11 @@ from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationW
 from evoagent.errors import BackendError, EvoagentError, GraphError, MutationError, SandboxError
 from evoagent.evolve.cascade import cascade
 from evoagent.evolve.hooks import NullReporter, Reporter, RLHook, SearchResult
-from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
+from evoagent.evolve.operators import Feedback, MutationContext, Operator, TraceStep, get_operator
 from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.evaluate import Evaluation, Evaluator, LocalEvaluator
 from evoagent.execute.executor import ExecContext, request_seed
-from evoagent.execute.trajectory import SKIPS, Trajectory
+from evoagent.execute.trajectory import SKIPS, LLMStep, Step, Trajectory
 from evoagent.graph import AgentGraph, graph_from_dict, load_graph, validate
 from evoagent.llm.backend import Backend
 from evoagent.spec.config import RunSpec
@@ -47,6 +47,8 @@ class _Pending:
     agents: list[AgentRecord] = field(default_factory=list)
     evaluations: list[EvalRecord] = field(default_factory=list)
     trajectories: list[tuple[str, Trajectory, int]] = field(default_factory=list)
+    # parents drawn with a score from older weights, re-scored under ``version`` (once each)
+    rescored: dict[str, asyncio.Task[Evaluation]] = field(default_factory=dict)
 
     def add_eval(self, agent_id: str, split_: str, stage: str, ev: Evaluation) -> None:
         self.evaluations.append(
@@ -145,7 +147,8 @@ class Search:
         pending.trajectories.extend((split_, t, ev.weights_version) for t in ev.trajectories)
 
     def _candidates(self, version: int) -> list[Candidate]:
-        """Every valid agent with a full val score under ``version`` (one SQL query, no graphs)."""
+        """Every valid agent with a full val score, its latest up to ``version`` (one SQL query,
+        no graphs): an RL phase re-scores only the top agents, and the rest stay selectable."""
         return [Candidate(*row) for row in self.archive.candidates("val", version)]
 
     async def _generation(self, gen: int, version: int) -> int:
@@ -156,11 +159,13 @@ class Search:
             raise EvoagentError("no valid scored agent to evolve from (all seeds failed?)")
         known = self.archive.known_ids()
         rngs = [random.Random(request_seed(self.spec.seed, "child", gen, s)) for s in range(cfg.children)]
-        made = await asyncio.gather(*(self._child(gen, s, pool, rngs[s], known) for s in range(cfg.children)))
+        made = await asyncio.gather(*(
+            self._child(gen, s, pool, rngs[s], known, pending) for s in range(cfg.children)
+        ))
         children: list[tuple[AgentRecord, AgentGraph]] = []
         for slot, rec in enumerate(made):
             if rec.id in known:  # an earlier slot of this generation built the same child
-                rec = await self._child(gen, slot, pool, rngs[slot], known)
+                rec = await self._child(gen, slot, pool, rngs[slot], known, pending)
             if rec.id in known:
                 self.reporter.log(f"gen {gen}: {rec.operator} rebuilt existing agent {rec.id}; skipped")
                 continue
@@ -170,6 +175,7 @@ class Search:
                 children.append((rec, rec.graph))
             else:
                 self.reporter.log(f"gen {gen}: {rec.operator} -> {rec.status}: {rec.reason}")
+        self._record_rescored(gen, pool, pending)
         await self._evaluate(gen, version, children, pending)
         checkpoint = None
         if self.rl is not None and self.spec.rl.enabled and gen % self.spec.rl.every == 0:
@@ -225,7 +231,7 @@ class Search:
         self.reporter.log(f"gen {gen}/{self.spec.evolve.generations} done: {summary} so far")
 
     async def _child(
-        self, gen: int, slot: int, pool: Pool, rng: random.Random, known: set[str]
+        self, gen: int, slot: int, pool: Pool, rng: random.Random, known: set[str], pending: _Pending
     ) -> AgentRecord:
         """Build one child, redrawing operator and parents when the draw gave nothing new.
 
@@ -237,12 +243,14 @@ class Search:
         so reruns match.
         """
         for _ in range(REDRAWS):
-            rec = await self._draw_child(gen, slot, pool, rng)
+            rec = await self._draw_child(gen, slot, pool, rng, pending)
             if rec.id not in known and rec.status != "invalid":
                 break
         return rec
 
-    async def _draw_child(self, gen: int, slot: int, pool: Pool, rng: random.Random) -> AgentRecord:
+    async def _draw_child(
+        self, gen: int, slot: int, pool: Pool, rng: random.Random, pending: _Pending
+    ) -> AgentRecord:
         ops, weights = zip(*self.operators)
         op: Operator = rng.choices(ops, weights=weights, k=1)[0]
         parents, island = self.select(pool, op.parents, slot, gen, rng, self.spec.evolve.selection)
@@ -250,7 +258,12 @@ class Search:
         base = dict(parents=ids, operator=op.name, generation=gen, island=island)
         if len(parents) < op.parents:
             return _failed(gen, slot, base, "invalid", f"{op.name} needs {op.parents} parents")
-        ctx = self._mutation_context(parents[0], rng, pool)
+        try:
+            seen = await self._current_executions(parents[0], pending)
+        except BackendError as e:
+            return _failed(gen, slot, base, "crashed",
+                           f"the backend failed while re-scoring parent {parents[0].id}: {e}")
+        ctx = self._mutation_context(seen, rng, pool)
         try:
             child = await op.apply([self.archive.graph(p.id) for p in parents], ctx,
                                    self.ctx.user, self.spec.evolve.operator_timeout_s)
@@ -269,10 +282,38 @@ class Search:
             return AgentRecord(child.id, child, status="invalid", reason=str(e), **base)
         return AgentRecord(child.id, child, status="ok", reason=None, **base)
 
-    def _mutation_context(self, parent: Candidate, rng: random.Random, pool: Pool) -> MutationContext:
+    async def _current_executions(self, parent: Candidate, pending: _Pending) -> list[Trajectory]:
+        """The parent's val executions under the weights it is now scored with: from the
+        archive, or, when its score predates the last RL phase, from re-scoring it now (once per
+        generation, however many slots draw it; ``_record_rescored`` archives the score)."""
+        if parent.version == pending.version:
+            return list(self.archive.trajectories(parent.id, "val", pending.version))
+        task = pending.rescored.get(parent.id)
+        if task is None:
+            graph = self.archive.graph(parent.id)
+            task = asyncio.ensure_future(self.evaluator.evaluate(graph, self.splits["val"]))
+            pending.rescored[parent.id] = task
+        return list((await asyncio.shield(task)).trajectories)
+
+    def _record_rescored(self, gen: int, pool: Pool, pending: _Pending) -> None:
+        """Archive the parents re-scored this generation, in id order (reruns write alike)."""
+        before = {c.id: c for c in pool.candidates}
+        for pid in sorted(pending.rescored):
+            task = pending.rescored[pid]
+            if task.exception() is not None:  # its children are archived as crashed
+                continue
+            ev = task.result()
+            self._record(pending, pid, "val", "full", ev)
+            old = before[pid]
+            self.reporter.log(f"gen {gen}: parent {pid} val {old.score:.3f} (v{old.version}) -> "
+                              f"{ev.score:.3f} (v{ev.weights_version})")
+
+    def _mutation_context(
+        self, executions: Sequence[Trajectory], rng: random.Random, pool: Pool
+    ) -> MutationContext:
         cfg = self.spec.evolve
         version = self.policy.weights_version
-        feedback = [self._feedback(t) for t in self.archive.trajectories(parent.id, "val", version)]
+        feedback = [self._feedback(t) for t in executions]
         failures = sorted((f for f in feedback if f.reward < 1.0), key=lambda f: f.reward)
         return MutationContext(
             llm=self.mutator,
@@ -289,7 +330,7 @@ class Search:
         """(graph, score) of every scored agent; children stopped by the cascade are trials
         too, with their minibatch score: TPE learns where not to look. Loaded only when an
         operator asks (param_search), since it reads every graph."""
-        scored = [(self.archive.graph(c.id), c.score) for c in pool.candidates]
+        scored = [(self.archive.graph(c.id), c.score) for c in pool.candidates if c.version == version]
         stopped = [(a.graph, s) for a, s in self.archive.stopped("val", version) if a.graph]
         return scored + stopped
 
@@ -301,7 +342,8 @@ class Search:
             expected=ex.answer if ex else "?",
             reward=t.reward or 0.0,
             error=t.error,
-            node_io=tuple((s.node, s.messages[-1]["content"], s.text) for s in t.llm_steps),
+            steps=tuple(_trace_step(s) for s in t.steps),
+            feedback=t.feedback,
         )
 
     async def _rl_phase(self, pending: _Pending, gen: int, version: int) -> tuple[tuple[str, dict], int]:
@@ -309,7 +351,7 @@ class Search:
         assert self.rl is not None
         fresh = {e.agent_id: e.score for e in pending.evaluations if e.split == "val" and e.stage == "full"}
         graphs = {a.id: a.graph for a in pending.agents if a.id in fresh and a.graph is not None}
-        children = [Candidate(a, fresh[a], 0, 0, gen) for a in graphs]  # not yet committed
+        children = [Candidate(a, fresh[a], 0, 0, gen, version) for a in graphs]  # not yet committed
         pool = sorted(self._candidates(version) + children, key=lambda c: (-c.score, c.generation, c.id))
         graph = lambda c: graphs.get(c.id) or self.archive.graph(c.id)  # noqa: E731
         elite = [graph(c) for c in pool[: self.spec.rl.elite]]
@@ -361,6 +403,12 @@ class Search:
             weights_version=version,
             generations=gen,
         )
+
+
+def _trace_step(s: Step) -> TraceStep:
+    if isinstance(s, LLMStep):
+        return TraceStep(s.node, "llm", s.messages[-1]["content"], s.text)
+    return TraceStep(s.node, "tool", f"{s.tool}({s.argument})", s.output if s.ok else f"error: {s.error}")
 
 
 def _failed(gen: int, slot: int, base: dict, status: str, reason: str) -> AgentRecord:

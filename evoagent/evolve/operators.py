@@ -26,7 +26,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from evoagent.errors import MutationError, SpecError, UserCodeError
 from evoagent.graph.model import AgentGraph
@@ -36,15 +36,33 @@ from evoagent.usercode import UserCode
 
 
 @dataclass(frozen=True)
+class TraceStep:
+    """One step of an execution, in order: an llm node's last prompt message and its reply,
+    or a tool call's argument and its output (or error)."""
+
+    node: str
+    kind: Literal["llm", "tool"]
+    shown: str
+    produced: str
+
+
+@dataclass(frozen=True)
 class Feedback:
-    """One scored execution of a parent, as the mutator sees it (GEPA's reflective dataset)."""
+    """One scored execution of a parent, as the mutator sees it (GEPA's reflective dataset):
+    the whole trace node by node, the output, the expected answer, the reward and its words."""
 
     input: str
     output: str
     expected: str
     reward: float
     error: str | None
-    node_io: tuple[tuple[str, str, str], ...] = ()  # (node id, prompt shown, text produced)
+    steps: tuple[TraceStep, ...] = ()
+    feedback: str | None = None  # the reward's textual feedback, when it gives one
+
+    @property
+    def node_io(self) -> tuple[tuple[str, str, str], ...]:
+        """(node id, prompt shown, text produced) of each llm step: demo material."""
+        return tuple((s.node, s.shown, s.produced) for s in self.steps if s.kind == "llm")
 
 
 @dataclass(frozen=True)

@@ -1,46 +1,73 @@
 """Operators that change what a node says: reflective rewrite (GEPA / TextGrad) and few-shot
 demo bootstrapping from successful executions (DSPy BootstrapFewShot, ExpeL).
 
-Departure from GEPA: one node's *system instruction* is rewritten and its user template is
-kept, so the rewrite can never break the graph's data flow (placeholders stay valid).
+As in GEPA, the rewrite reads the parent's failing executions node by node (every prompt, reply
+and tool call, the reward's reason and its textual feedback) and may rewrite one node's system
+instruction *and* its user template. A new template must keep every placeholder the old one
+had and add none but ``{input}``, so the rewrite never breaks the graph's data flow; a template
+that does not keep them is dropped and the instruction alone is kept.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-from evoagent.errors import MutationError
+from evoagent.errors import GraphError, MutationError
 from evoagent.evolve.operators import Feedback, MutationContext, mutation
 from evoagent.graph.model import AgentGraph, Demo, LLMNode, LoopNode
+from evoagent.graph.validate import placeholders
 from evoagent.llm.types import GenerationRequest
 
 _MAX_INSTRUCTION = 1500
-REFLECT_PROMPT = """You improve the instructions of one step of an AI agent.
+_SHOWN = 300  # characters of each prompt, reply or tool result shown to the mutator
+REFLECT_PROMPT = """You improve one step of an AI agent.
 
 Task: {task}
 
-Current instructions for this step:
+The agent's steps: {steps}. The step to improve is "{node}".
+Its instructions:
 \"\"\"{system}\"\"\"
+Its message template ({{name}} is filled with the input or an earlier step's output):
+\"\"\"{template}\"\"\"
 
-The step receives: {template}
-
-Cases where the agent got it wrong:
+Cases where the agent got it wrong, step by step:
 {cases}
 
-Write better instructions for this step so it gets such cases right. Reply with the new
-instructions only."""
+Write better instructions for step "{node}" so it gets such cases right. Reply in this form:
+INSTRUCTIONS:
+<the new instructions>
+TEMPLATE:
+<a new message template using the same {{names}}, or SAME to keep it>"""
 
 
 def _prompt_nodes(graph: AgentGraph) -> list[LLMNode | LoopNode]:
     return [n for n in graph.nodes if isinstance(n, LLMNode | LoopNode)]
 
 
+def _clip(text: str, n: int = _SHOWN) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _case(f: Feedback) -> str:
+    lines = [f"- Input: {_clip(f.input, 400)}"]
+    for s in f.steps:
+        if s.kind == "llm":
+            lines.append(f"  [{s.node}] was shown: {_clip(s.shown)}")
+            lines.append(f"  [{s.node}] replied: {_clip(s.produced)}")
+        else:
+            lines.append(f"  [{s.node}] called {_clip(s.shown, 120)} -> {_clip(s.produced, 160)}")
+    got = f"error: {f.error}" if f.error else _clip(f.output)
+    lines.append(f"  Agent output: {got}")
+    lines.append(f"  Correct answer: {f.expected}  (reward {f.reward:.2f})")
+    if f.feedback:
+        lines.append(f"  Feedback: {_clip(f.feedback, 400)}")
+    return "\n".join(lines)
+
+
 def _cases(failures: Sequence[Feedback]) -> str:
-    out = []
-    for f in failures:
-        got = f"error: {f.error}" if f.error else f.output[:300]
-        out.append(f"- Input: {f.input[:400]}\n  Agent output: {got}\n  Correct answer: {f.expected}")
-    return "\n".join(out) or "- (no failures recorded)"
+    return "\n".join(_case(f) for f in failures) or "- (no failures recorded)"
 
 
 def clean_reply(text: str) -> str:
@@ -54,26 +81,51 @@ def clean_reply(text: str) -> str:
     return t.strip().strip('"').strip()[:_MAX_INSTRUCTION]
 
 
+def parse_rewrite(text: str) -> tuple[str, str | None]:
+    """(instructions, template or None) from a reply in REFLECT_PROMPT's form; a reply
+    without the markers is all instructions (small mutators often ignore the form)."""
+    parts = re.split(r"^\s*TEMPLATE:\s*$", text, maxsplit=1, flags=re.MULTILINE | re.IGNORECASE)
+    template = parts[1].strip().strip("`").strip() if len(parts) == 2 else ""
+    if template.upper() in ("", "SAME", "<SAME>"):
+        template = ""
+    return clean_reply(parts[0]), template or None
+
+
+def _keeps_data_flow(old: str, new: str) -> bool:
+    """The new template uses every placeholder of the old one and adds none but ``input``."""
+    try:
+        before, after = set(placeholders(old)), set(placeholders(new))
+    except GraphError:
+        return False
+    return before <= after <= before | {"input"}
+
+
 @mutation("reflective_rewrite")
 async def reflective_rewrite(parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGraph:
-    """Show the mutator LLM a node's instruction and the parent's failures; use its rewrite."""
+    """Show the mutator LLM a node's prompt and the parent's failing traces; use its rewrite."""
     graph = parents[0]
     nodes = _prompt_nodes(graph)
     if not nodes:
         raise MutationError("reflective_rewrite: the graph has no llm or loop node")
     node = ctx.rng.choice(nodes)
     prompt = REFLECT_PROMPT.format(
-        task=ctx.task, system=node.system or "(none)", template=node.template, cases=_cases(ctx.failures)
+        task=ctx.task, steps=" -> ".join(n.id for n in graph.nodes), node=node.id,
+        system=node.system or "(none)", template=node.template, cases=_cases(ctx.failures),
     )
     req = GenerationRequest(
-        ({"role": "user", "content": prompt},), max_tokens=160, temperature=0.8,
+        ({"role": "user", "content": prompt},), max_tokens=240, temperature=0.8,
         seed=ctx.rng.getrandbits(62),
     )
     (gen,) = await ctx.llm.generate([req])
-    new = clean_reply(gen.text)
-    if not new or new == node.system:
+    system, template = parse_rewrite(gen.text)
+    update: dict[str, str] = {}
+    if system and system != node.system:
+        update["system"] = system
+    if template and template != node.template and _keeps_data_flow(node.template, template):
+        update["template"] = template
+    if not update:
         raise MutationError(f"reflective_rewrite: the mutator gave no new instruction ({gen.text[:80]!r})")
-    return graph.replace_node(node.model_copy(update={"system": new}))
+    return graph.replace_node(node.model_copy(update=update))
 
 
 @mutation("bootstrap_demos")

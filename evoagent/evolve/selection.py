@@ -21,14 +21,16 @@ from evoagent.spec.config import SelectionConfig
 
 @dataclass(frozen=True)
 class Candidate:
-    """A valid archived agent with its val score under the current weights (no graph: the
-    loop loads graphs only for the parents drawn)."""
+    """A valid archived agent with its latest val score and the weights version it was scored
+    under (no graph: the loop loads graphs only for the parents drawn). A score from an older
+    version than the run's is stale: the loop re-scores such an agent when it is drawn."""
 
     id: str
     score: float
     island: int
     children: int
     generation: int
+    version: int = 0
 
 
 Weight = Callable[[float, int], float]  # (score, children) -> unnormalised draw weight

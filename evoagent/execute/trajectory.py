@@ -66,7 +66,7 @@ class Trajectory:
     the sample says nothing about the policy and RL must leave it out (``"reward"``: the reward
     raised or was not a finite number; ``"context"``: the episode outgrew the context window).
     ``env_reward`` is the score of an environment episode played by a ``loop`` node; it is the
-    trajectory's reward.
+    trajectory's reward. ``feedback`` is the reward's own words on the output, if it gave any.
     """
 
     agent_id: str
@@ -79,6 +79,7 @@ class Trajectory:
     seconds: float = 0.0
     skip: str | None = None
     env_reward: float | None = None
+    feedback: str | None = None
 
     @property
     def llm_steps(self) -> list[LLMStep]:

@@ -1,13 +1,13 @@
 """Gather requests from many concurrent coroutines into few large model calls.
 
 The executor runs dozens of agent executions at once, each awaiting one completion at a time.
-Batches of 32-64 prompts generate 4-10x faster than single prompts on this CPU
-(shared/facts/stack.md), so every request goes through one ``Batcher``: a single worker waits up
-to ``wait_ms`` for company (or until ``max_batch`` requests are queued), runs the blocking model
-call in its own thread so the event loop keeps queueing, then resolves each caller's future.
-Whatever arrives while the model is busy forms the next batch. The thread is the batcher's
-alone, not the pool ``asyncio.to_thread`` shares: environment steps or rewards waiting there
-never hold up the model.
+Batches of 32-64 prompts generate several times faster than single prompts on a CPU
+(bench/backend_throughput.py: hf_vs_sequential), so every request goes through one
+``Batcher``: a single worker waits up to ``wait_ms`` for company (or until ``max_batch``
+requests are queued), runs the blocking model call in its own thread so the event loop keeps
+queueing, then resolves each caller's future. Whatever arrives while the model is busy forms
+the next batch. The thread is the batcher's alone, not the pool ``asyncio.to_thread`` shares:
+environment steps or rewards waiting there never hold up the model.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ Where the time goes, and what this backend does about it:
 - **The cache** answers a repeated request (same messages, sampling parameters and seed) from
   memory within one set of weights; ``sync_weights`` clears it and the prefix store.
 
-What the RNG cannot fix: bfloat16 matmuls round differently for different batch shapes
-(shared/facts/stack.md), so under ``dtype: bfloat16`` a request may come out a few tokens
+What the RNG cannot fix: bfloat16 matmuls round differently for different batch shapes,
+so under ``dtype: bfloat16`` a request may come out a few tokens
 different in another batch or from a cached prefix; ``dtype: float32`` is batch-invariant
 (tested) and is the choice where exact replay matters.
 """

@@ -69,6 +69,11 @@ class RLConfig(BaseModel):
     dynamic_sampling: bool = Field(
         True, description="drop groups whose rewards are all equal (DAPO dynamic sampling)"
     )
+    oversample: int = Field(
+        1, ge=1, le=16, description="roll out oversample x inputs_per_step inputs per step and "
+        "train on the inputs_per_step of them whose samples disagree (where GRPO has a gradient; "
+        "DAPO's over-sampling); 1 = train on every input drawn",
+    )
     rft_top_k: int = Field(1, ge=1, description="rft: successful episodes kept per group")
     temperature: float = Field(
         1.0, gt=0, description="sampling temperature; trainer logprobs use the same"

@@ -51,6 +51,15 @@ class PhaseResult:
 History = Callable[[Sequence[str]], list[Trajectory]]  # input ids -> archived train trajectories
 
 
+def _inputs_with_signal(trajs: Sequence[Trajectory]) -> set[str]:
+    """Inputs on which some (agent, input) group's rewards differ: the only ones a
+    group-relative advantage learns from."""
+    groups: dict[tuple[str, str], set[float]] = {}
+    for t in trajs:
+        groups.setdefault((t.agent_id, t.input_id), set()).add(t.reward or 0.0)
+    return {input_id for (_, input_id), rewards in groups.items() if len(rewards) > 1}
+
+
 class RLPhase:
     """Owns the trainer; ``train`` runs one RL phase, ``restore`` reloads a checkpoint.
 
@@ -112,7 +121,8 @@ class RLPhase:
         trained = 0
         for step in range(self.cfg.steps):
             rng = random.Random(request_seed(self.seed, "rl", generation, step))
-            inputs = rng.sample(list(train), min(self.cfg.inputs_per_step, len(train)))
+            drawn = self.cfg.inputs_per_step * self.cfg.oversample
+            inputs = rng.sample(list(train), min(drawn, len(train)))
             first = 1_000_000 * generation + self.cfg.group_size * step
             trajs = await rollout([
                 (g, ex, first + k) for g in elite for ex in inputs for k in range(self.cfg.group_size)
@@ -121,12 +131,18 @@ class RLPhase:
             rollouts.extend(trajs)
             usable = [t for t in trajs if t.skip is None]
             rewards = [t.reward or 0.0 for t in usable] or [0.0]
+            spread = _inputs_with_signal(usable)
             row: dict[str, float] = {
                 "step": float(step),
                 "reward_mean": sum(rewards) / len(rewards),
                 "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+                "inputs_with_signal": float(len(spread)),
                 **{f"skipped_{why}": 0.0 for why in SKIPS},
             }
+            if self.cfg.oversample > 1:  # train on the inputs where the samples disagree
+                inputs = [ex for ex in inputs if ex.id in spread][: self.cfg.inputs_per_step]
+                kept = {ex.id for ex in inputs}
+                usable = [t for t in usable if t.input_id in kept]
             for t in trajs:
                 if t.skip is not None:
                     row[f"skipped_{t.skip}"] = row.get(f"skipped_{t.skip}", 0.0) + 1

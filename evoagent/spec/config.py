@@ -25,7 +25,7 @@ class BackendConfig(_Frozen):
     kind: str = Field("hf", description="backend registry key: hf | vllm | openai | scripted")
     model: str = Field("embedded", description="'embedded' (SmolLM2-135M-Instruct) or an HF folder")
     dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="weight dtype; bf16 generates ~2x faster on CPU (facts/stack.md)"
+        "bfloat16", description="weight dtype; bf16 generates about 2x faster than float32 on CPU"
     )
     device: str = Field(
         "auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
@@ -92,9 +92,9 @@ class DatasetConfig(_Frozen):
 class SplitsConfig(_Frozen):
     """How many examples go to each split (seeded shuffle of the dataset)."""
 
-    train: int = Field(64, ge=0)
-    val: int = Field(32, ge=1)
-    test: int = Field(64, ge=0)
+    train: int = Field(64, ge=0, description="examples the RL phase trains on (0: no RL)")
+    val: int = Field(32, ge=1, description="examples every candidate is scored on (selection)")
+    test: int = Field(64, ge=0, description="held out; only the final best agent is scored on them, once")
 
 
 class RewardConfig(_Frozen):
@@ -144,7 +144,7 @@ class CascadeConfig(_Frozen):
 class EvolveConfig(_Frozen):
     """The outer loop's budget and operators."""
 
-    generations: int = Field(4, ge=0)
+    generations: int = Field(4, ge=0, description="generations after the seeds")
     children: int = Field(4, ge=1, description="children per generation")
     operators: tuple[OperatorRef, ...] = (
         OperatorRef(name="insert_tool"),
@@ -167,11 +167,13 @@ class RunSpec(_Frozen):
     """A whole task.yaml after validation. Paths are absolute (resolved against the file)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="run name; the archive folder")
-    seed: int = 0
+    seed: int = Field(0, description="the run seed: splits, sampling and every random choice")
     task: TaskConfig
     graphs: tuple[str, ...] = Field(min_length=1, description="seed graph YAML files")
     policy: BackendConfig = BackendConfig()
-    mutator: BackendConfig | None = Field(None, description="defaults to the policy backend")
+    mutator: BackendConfig | None = Field(
+        None, description="the backend of the mutator LLM (the keys of policy); defaults to the policy"
+    )
     sandbox: SandboxConfig = SandboxConfig()
     evolve: EvolveConfig = EvolveConfig()
     rl: RLConfig = RLConfig()

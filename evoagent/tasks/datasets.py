@@ -120,9 +120,9 @@ def _reasoning_gym(cfg: DatasetConfig, seed: int, base_dir: Path) -> list[Exampl
             f"task.dataset.name: unknown reasoning-gym generator {cfg.name!r} "
             f"(e.g. {sorted(DATASETS)[:8]}...)"
         )
-    try:
-        data = rg.create_dataset(cfg.name, seed=seed, size=cfg.size, **cfg.options)
-    except (TypeError, ValueError, AssertionError) as e:
+    try:  # the generator is lazy: some options fail only when an item is drawn
+        data = list(rg.create_dataset(cfg.name, seed=seed, size=cfg.size, **cfg.options))
+    except (TypeError, ValueError, AssertionError, KeyError, IndexError) as e:
         raise SpecError(f"task.dataset.options: {cfg.name} rejected them: {e}") from None
     return [
         Example(f"{cfg.name}-{i}", e["question"], str(e["answer"]), {"entry": e, "rg": cfg.name})

@@ -1,6 +1,8 @@
 """Rewards: score an extracted answer against an example, in [0, 1] (higher is better).
 
-A registry of ``fn(answer, example, cfg) -> float``. ``score`` is the one entry point the
+A registry of ``fn(answer, example, cfg) -> float | (float, str)``: the string is textual
+feedback (what was wrong, as GEPA's evaluators give it), which the trajectory keeps and the
+mutator reads beside the trace. ``score`` is the one entry point the
 executor uses: it applies the extractor, runs the reward under ``timeout_s`` and turns a
 raising, hanging or out-of-range reward into score 0 plus a reason, so one bad example never
 stops a run. Built-in rewards run in a thread; the user's own (``kind: python``) runs in a
@@ -13,6 +15,7 @@ import asyncio
 import inspect
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 from evoagent.errors import SpecError, UserCodeError
 from evoagent.registry import Registry
@@ -21,17 +24,25 @@ from evoagent.tasks.datasets import Example, import_ref
 from evoagent.tasks.extract import get_extractor
 from evoagent.usercode import UserCode
 
-RewardFn = Callable[[str, Example, RewardConfig], float]
+RewardFn = Callable[[str, Example, RewardConfig], "float | tuple[float, str]"]
 _REGISTRY: Registry[RewardFn] = Registry("reward", SpecError, field="task.reward.kind")
 reward = _REGISTRY.register  # ``@reward("name")``: register ``fn(answer, example, cfg) -> float``
 known_rewards = _REGISTRY.names
 get_reward = _REGISTRY.get
 
 
+class Scored(NamedTuple):
+    """A reward's verdict on one output."""
+
+    value: float  # in [0, 1]; 0.0 when the reward failed
+    error: str | None = None  # why the reward failed (the sample then says nothing to RL)
+    feedback: str | None = None  # the reward's own words on the answer, for the mutator
+
+
 async def score(
     output: str, example: Example, cfg: RewardConfig, user: UserCode | None = None
-) -> tuple[float, str | None]:
-    """(reward, error): the reward of ``output``; 0.0 and the reason if the reward failed."""
+) -> Scored:
+    """The reward of ``output``; 0.0 and the reason if the reward failed."""
     fn = get_reward(cfg.kind)
     extract = get_extractor(cfg.extract)
     try:
@@ -41,18 +52,21 @@ async def score(
         else:
             value = await asyncio.wait_for(asyncio.to_thread(fn, answer, example, cfg), cfg.timeout_s)
     except TimeoutError:
-        return 0.0, f"reward timed out after {cfg.timeout_s}s"
+        return Scored(0.0, f"reward timed out after {cfg.timeout_s}s")
     except UserCodeError as e:
-        return 0.0, str(e)
+        return Scored(0.0, str(e))
     except Exception as e:  # the user's reward is a candidate boundary: its failure is data
-        return 0.0, f"reward raised {type(e).__name__}: {e}"
+        return Scored(0.0, f"reward raised {type(e).__name__}: {e}")
+    feedback = None
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], str):
+        value, feedback = value
     try:
         value = float(value)
     except (TypeError, ValueError):
-        return 0.0, f"reward returned {value!r}, not a number"
+        return Scored(0.0, f"reward returned {value!r}, not a number or (number, feedback)")
     if not math.isfinite(value):
-        return 0.0, f"reward returned {value}"
-    return min(1.0, max(0.0, value)), None
+        return Scored(0.0, f"reward returned {value}")
+    return Scored(min(1.0, max(0.0, value)), None, feedback)
 
 
 async def _user_reward(answer: str, example: Example, cfg: RewardConfig, user: UserCode) -> object:
@@ -94,8 +108,8 @@ def reasoning_gym(answer: str, example: Example, cfg: RewardConfig) -> float:
 
 
 @reward("python")
-def python(answer: str, example: Example, cfg: RewardConfig) -> float:
-    """The user's ``module:function(answer, example) -> float``."""
+def python(answer: str, example: Example, cfg: RewardConfig) -> float | tuple[float, str]:
+    """The user's ``module:function(answer, example) -> float | (float, feedback)``."""
     if cfg.ref is None:
         raise SpecError("task.reward.ref: required for kind python")
-    return float(import_ref(cfg.ref, "task.reward.ref")(answer, example))
+    return import_ref(cfg.ref, "task.reward.ref")(answer, example)

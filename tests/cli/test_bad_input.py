@@ -116,6 +116,10 @@ CASES = [
          spec_with("kind: reasoning_gym, name: basic_arithmetic", "kind: csv")),
     Case("unknown-rg-generator", r"task\.dataset\.name: unknown reasoning-gym generator 'sums'",
          spec_with("name: basic_arithmetic", "name: sums")),
+    Case("rg-options-that-fail-when-drawn",  # reasoning-gym checks these only per item
+         r"task\.dataset\.options: simple_equations rejected them: .*number of weights",
+         spec_with("name: basic_arithmetic, size: 30", "name: simple_equations, size: 30, "
+                   "options: {operators: ['+']}")),
     Case("unknown-selector", r"evolve\.selection\.kind: unknown selector 'roulette'; known: \['dgm', 'islands'\]",
          GOOD + "evolve: {selection: {kind: roulette}}\n"),
     Case("unknown-algorithm", r"rl\.algorithm: unknown algorithm 'ppo2'; known: \[", GOOD + "rl: {algorithm: ppo2}\n"),

@@ -178,3 +178,71 @@ def test_a_model_that_says_nothing_or_never_stops_still_gives_a_finished_run(tmp
         trajs = list(archive.trajectories(result.best_id, "val"))
     assert result.generations == 3 and result.best_val == 0.0 and result.test == 0.0
     assert trajs and all(t.reward == 0.0 for t in trajs)
+
+
+SEEN: list[frozenset[str]] = []  # per test_seen call: the weights versions of what it was shown
+
+
+@evoagent.mutation("test_seen")
+async def seen(parents, ctx):
+    """Records which weights version the parent's executions it was shown came from (async:
+    it runs in this process, where SEEN is)."""
+    shown = ctx.failures + ctx.successes
+    SEEN.append(frozenset(f.output.split(":")[0] for f in shown))
+    g = parents[0]
+    return g.replace_node(g.node(g.exit).model_copy(update={"system": f"variant {ctx.rng.random()}"}))
+
+
+class FakeRL:
+    """An RL phase that trains nothing: each phase only bumps the weights version."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    async def train(self, elite, train, generation, on_step=None):
+        from types import SimpleNamespace
+
+        path = self.root / f"ckpt-{generation}"
+        path.mkdir(parents=True, exist_ok=True)
+        metrics = {"steps_trained": 1, "reward_mean": 0.0, "per_step": []}
+        return SimpleNamespace(checkpoint=str(path), metrics=metrics, rollouts=[], archive=False)
+
+    def restore(self, path, version): ...
+
+    def weights(self):
+        return {}
+
+
+def test_after_an_rl_phase_every_agent_stays_selectable_and_is_rescored_when_drawn(tmp_path):
+    """The RL phase re-scores only the top agents; the rest keep their score, marked with its
+    version, and a parent drawn with a stale score is re-scored under the new weights before
+    its operator runs, which then sees executions under those weights only."""
+    text = SPEC.replace(
+        "operators: [{name: insert_tool, weight: 3}, {name: bootstrap_demos}, {name: test_crash, weight: 2},\n"
+        "              {name: param_search}, {name: add_node}]",
+        "operators: [{name: test_seen}]\n  selection: {islands: 1}",
+    ).replace("children: 3", "children: 6").replace("minibatch: 2", "minibatch: 6")
+    text += "rl: {enabled: true, every: 1, elite: 1, steps: 1}\n"
+    (tmp_path / "task.yaml").write_text(text)
+    spec = load_spec(tmp_path / "task.yaml").model_copy(update={"output": str(tmp_path / "pop")})
+    policy = ScriptedBackend(handler=lambda r: f"v{policy.weights_version}: I think 7")
+    logs: list[str] = []
+    reporter = type("Log", (NullReporter,), {"log": lambda self, m: logs.append(m)})()
+    SEEN.clear()
+    with Archive(spec.run_dir) as archive:
+        result = asyncio.run(Search(spec, policy, policy, archive, reporter, FakeRL(tmp_path)).run())
+        assert result.weights_version == 3
+        ok = {a.id for a in archive.agents("ok")}
+        scored = {r[0] for r in archive.db.execute(
+            "SELECT DISTINCT agent_id FROM evaluations WHERE split='val' AND stage='full'")}
+        pool = archive.candidates("val", 3)
+        assert {c[0] for c in pool} == ok & scored and len(pool) > 4  # more than the re-scored top
+        assert {c[5] for c in pool} > {3}  # stale scores are kept, with their version
+        rescored = [m for m in logs if re.match(r"gen \d: parent \w+ val .* \(v\d\) -> .* \(v\d\)", m)]
+        assert rescored
+        for m in rescored:
+            gen, pid = re.match(r"gen (\d): parent (\w+)", m).groups()
+            trajs = list(archive.trajectories(pid, "val", int(gen) - 1))
+            assert len(trajs) == 6 and all(t.output.startswith(f"v{int(gen) - 1}:") for t in trajs)
+    assert set().union(*SEEN) == {"v0", "v1", "v2"}
+    assert all(len(shown) == 1 for shown in SEEN)  # never a mix of versions

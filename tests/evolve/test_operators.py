@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from evoagent.errors import MutationError, SpecError
-from evoagent.evolve.operators import Feedback, MutationContext, get_operator, known_operators
+from evoagent.evolve.operators import (
+    Feedback,
+    MutationContext,
+    TraceStep,
+    get_operator,
+    known_operators,
+)
 from evoagent.evolve.param_search import space
 from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.executor import ExecContext, execute
@@ -94,16 +100,48 @@ def test_reflective_rewrite_uses_the_mutators_words_and_shows_it_failures():
     ctx = mctx("New instructions: Add the numbers exactly.", failures=(fb,))
     child = apply("reflective_rewrite", [DIRECT], ctx)
     assert child.node("answer").system == "Add the numbers exactly."
+    assert child.node("answer").template == DIRECT.node("answer").template
     shown = ctx.llm.requests[0].messages[0]["content"]
     assert "Calculate 2 + 2." in shown and "Correct answer: 4" in shown and "arithmetic" in shown
     with pytest.raises(MutationError, match="no new instruction"):
         apply("reflective_rewrite", [DIRECT], mctx("   "))
 
 
+def test_reflective_rewrite_reads_the_trace_node_by_node_and_the_rewards_feedback():
+    steps = (TraceStep("reason", "llm", "Q: Tom has 3 boxes of 12 eggs.", "3 + 12 = 15"),
+             TraceStep("calc", "tool", "calculator(3 + 12)", "15"),
+             TraceStep("answer", "llm", "Q: Tom has 3 boxes of 12 eggs.\n15", "15"))
+    fb = Feedback("Tom has 3 boxes of 12 eggs.", "15", "36", 0.0, None, steps,
+                  feedback="boxes of equal size call for multiplication")
+    ctx = mctx("INSTRUCTIONS:\nMultiply when items come in boxes.\nTEMPLATE:\nSAME", failures=(fb,))
+    apply("reflective_rewrite", [COT], ctx)
+    shown = ctx.llm.requests[0].messages[0]["content"]
+    for line in ("[reason] replied: 3 + 12 = 15", "[calc] called calculator(3 + 12) -> 15",
+                 "[answer] was shown: Q: Tom has 3 boxes of 12 eggs. 15",
+                 "Feedback: boxes of equal size call for multiplication"):
+        assert line in shown
+
+
+@pytest.mark.parametrize(("template", "kept"), [
+    ("Question: {input}\nThink step by step, then give the number.", True),
+    ("Think about it.", False),  # drops {input}: the data flow would break
+    ("{input} {nowhere}", False),  # a placeholder no upstream node fills
+    ("{input", False),  # malformed
+])
+def test_reflective_rewrite_may_rewrite_the_template_but_never_the_data_flow(template, kept):
+    reply = f"INSTRUCTIONS:\nBe exact.\nTEMPLATE:\n{template}"
+    child = apply("reflective_rewrite", [DIRECT], mctx(reply))
+    node = child.node("answer")
+    assert node.system == "Be exact."
+    assert node.template == (template if kept else DIRECT.node("answer").template)
+
+
 def test_bootstrap_demos_needs_and_uses_successes():
     with pytest.raises(MutationError, match="no successful execution"):
         apply("bootstrap_demos", [DIRECT], mctx())
-    ok = Feedback("Calculate 1 + 2.", "3", "3", 1.0, None, (("answer", "Calculate 1 + 2.", "3"),))
+    ok = Feedback("Calculate 1 + 2.", "3", "3", 1.0, None,
+                  (TraceStep("answer", "llm", "Calculate 1 + 2.", "3"),
+                   TraceStep("calc", "tool", "calculator(1 + 2)", "3")))
     child = apply("bootstrap_demos", [DIRECT], mctx(successes=(ok,)))
     (demo,) = child.node("answer").demos
     assert (demo.input, demo.output) == ("Calculate 1 + 2.", "3")

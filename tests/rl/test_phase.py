@@ -4,7 +4,6 @@ samples from the trained weights at once (weight sync), and a checkpoint restore
 from __future__ import annotations
 
 import asyncio
-import itertools
 from pathlib import Path
 
 from evoagent.execute.executor import ExecContext
@@ -107,12 +106,10 @@ def test_disk_full_while_writing_a_checkpoint_is_a_clear_error_and_leaves_no_fil
     assert list((tmp_path / "checkpoints").iterdir()) == []
 
 
-CALLS = itertools.count(1)  # next() is atomic: rewards run in worker threads
-
-
 def flaky(answer: str, example) -> float:
-    """Raises, returns NaN, returns garbage or scores, in turn."""
-    k = next(CALLS) % 4
+    """Raises, returns NaN, returns garbage or scores, by input (rewards may run in several
+    worker processes, so nothing here may count calls)."""
+    k = int(example.id) % 4
     if k == 0:
         raise ValueError("the grader fell over")
     if k == 1:
@@ -126,11 +123,13 @@ def test_raising_and_nan_rewards_are_skipped_and_counted(tiny_backend, tmp_path)
     backend = tiny_backend()
     rl = phase(backend, tmp_path)
     rl.reward = RewardConfig(kind="python", ref=f"{__name__}:flaky", extract="raw")
-    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(8)]
     res = asyncio.run(rl.train([GRAPH], train, generation=2))
-    skipped = [s["skipped_reward"] for s in res.metrics["per_step"]]
-    assert sum(skipped) == 3 * 2 * 2 * 4 / 4  # three of every four samples failed to score
-    assert all(t.skip == "reward" and t.reward == 0.0 for t in res.rollouts if t.error)
+    skipped = sum(s["skipped_reward"] for s in res.metrics["per_step"])
+    failing = [t for t in res.rollouts if int(t.input_id) % 4 != 2]
+    assert skipped == len(failing) > 0
+    assert all(t.skip == "reward" and t.reward == 0.0 and t.error for t in failing)
+    assert all(t.skip is None for t in res.rollouts if t not in failing)
     assert all(torch.isfinite(p).all() for p in backend.model.parameters())
 
 
@@ -153,3 +152,27 @@ def test_dpo_pairs_fresh_rollouts_with_archived_ones(tiny_backend, tmp_path):
     assert len(asked) == 2 and all(len(ids) == 2 for ids in asked)  # the archive was asked
     assert logprobs(backend) != before
     assert all(torch.isfinite(p).all() for p in backend.model.parameters())
+
+
+def odd_inputs_only(answer: str, example) -> float:
+    """A signal on odd-numbered inputs only: on the others every sample scores 0."""
+    return float(len(answer) % 2) if int(example.id) % 2 else 0.0
+
+
+def test_oversampling_trains_where_the_samples_disagree(tiny_backend, tmp_path):
+    rl = phase(tiny_backend(), tmp_path, oversample=3)
+    rl.reward = RewardConfig(kind="python", ref=f"{__name__}:odd_inputs_only", extract="raw")
+    trained: list[set[str]] = []
+    step = rl._step
+
+    async def spy(trainer, usable, earlier, inputs):
+        trained.append({t.input_id for t in usable})
+        return await step(trainer, usable, earlier, inputs)
+
+    rl._step = spy
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(12)]
+    res = asyncio.run(rl.train([GRAPH], train, generation=1))
+    assert len(res.rollouts) == 2 * 6 * 4  # steps x (3 x 2 inputs drawn) x group
+    for ids, row in zip(trained, res.metrics["per_step"], strict=True):
+        assert ids and all(int(i) % 2 for i in ids) and len(ids) <= 2
+        assert row["inputs_with_signal"] >= len(ids)

@@ -24,7 +24,7 @@ def test_reasoning_gym_data_is_seeded_and_self_scoring():
     assert [e.input for e in a] == [e.input for e in b]
     assert [e.input for e in rg_examples(seed=1)] != [e.input for e in a]
     ex = a[0]
-    assert asyncio.run(score(ex.answer, ex, RewardConfig(kind="reasoning_gym", extract="raw"))) == (1.0, None)
+    assert asyncio.run(score(ex.answer, ex, RewardConfig(kind="reasoning_gym", extract="raw"))) == (1.0, None, None)
 
 
 def test_splits_are_disjoint_and_reproducible():
@@ -59,8 +59,8 @@ def test_last_number(text, expected):
 def test_numeric_reward_reads_the_final_number():
     ex = Example("1", "Calculate 95 - 21.", "74")
     cfg = RewardConfig()
-    assert asyncio.run(score("95 - 21 = 74", ex, cfg)) == (1.0, None)
-    assert asyncio.run(score("Answer: 75", ex, cfg)) == (0.0, None)
+    assert asyncio.run(score("95 - 21 = 74", ex, cfg)) == (1.0, None, None)
+    assert asyncio.run(score("Answer: 75", ex, cfg)) == (0.0, None, None)
 
 
 def bad_reward(answer, example):
@@ -83,5 +83,30 @@ def nan_reward(answer, example):
 )
 def test_a_failing_reward_scores_zero_with_the_reason(ref, reason):
     cfg = RewardConfig(kind="python", ref=f"{__name__}:{ref}", timeout_s=0.3)
-    value, err = asyncio.run(score("1", Example("1", "q", "1"), cfg))
+    value, err, _ = asyncio.run(score("1", Example("1", "q", "1"), cfg))
     assert value == 0.0 and reason in err
+
+
+def graded_reward(answer, example):
+    """Partial credit with words on what was wrong, as GEPA's evaluators give it."""
+    if answer == example.answer:
+        return 1.0
+    return 0.25, f"off by {abs(float(answer) - float(example.answer)):g}"
+
+
+def test_a_reward_may_say_what_was_wrong_and_the_trajectory_keeps_it():
+    from evoagent.execute.evaluate import run_and_score
+    from evoagent.execute.executor import ExecContext
+    from evoagent.graph import load_graph
+    from evoagent.llm.scripted import ScriptedBackend
+    from evoagent.tools import ToolContext
+
+    cfg = RewardConfig(kind="python", ref=f"{__name__}:graded_reward")
+    ex = Example("1", "Calculate 95 - 21.", "74")
+    assert asyncio.run(score("70", ex, cfg)) == (0.25, None, "off by 4")
+    assert asyncio.run(score("74", ex, cfg)) == (1.0, None, None)
+    graph = load_graph(Path(__file__).resolve().parents[2] / "graphs" / "direct.yaml")
+    ctx = ExecContext(ScriptedBackend(handler=lambda r: "It is 71"), ToolContext(), seed=0)
+    traj = asyncio.run(run_and_score(graph, ex, ctx, cfg))
+    assert (traj.reward, traj.feedback, traj.error) == (0.25, "off by 3", None)
+    assert type(traj).from_json(traj.to_json()).feedback == "off by 3"  # archived with it
