@@ -85,7 +85,8 @@ class RayOptions:
 async def run(spec: RunSpec, reporter: Reporter | None = None, ray: RayOptions | None = None) -> SearchResult:
     """Run (or resume) the search of ``spec``; the best agent is exported beside the archive.
     With ``ray``, candidates are evaluated on Ray workers (``evoagent.distributed``)."""
-    if "python" in spec.task.tools and (warning := check_sandbox(spec.sandbox)):
+    runs_code = "python" in spec.task.tools or spec.task.reward.kind == "unit_tests"
+    if runs_code and (warning := check_sandbox(spec.sandbox)):
         (reporter or NullReporter()).log(f"warning: {warning}")
     evaluator = None
     if ray is not None:  # the cluster first: an address that does not answer fails before a model loads

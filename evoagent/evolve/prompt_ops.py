@@ -130,22 +130,32 @@ async def reflective_rewrite(parents: Sequence[AgentGraph], ctx: MutationContext
 
 @mutation("bootstrap_demos")
 def bootstrap_demos(parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGraph:
-    """Add (prompt, reply) pairs from the parent's successful executions as few-shot demos."""
+    """Add (prompt, reply) pairs from the parent's successful executions as few-shot demos; a
+    node that already has ``max_demos`` gets one of them swapped for a fresh one (another demo
+    set, as DSPy's random search over bootstrapped demos tries)."""
     graph = parents[0]
+    if ctx.max_demos < 1:
+        raise MutationError("bootstrap_demos: evolve.max_demos is 0")
     by_node: dict[str, list[Demo]] = {}
     for s in ctx.successes:
         for node_id, shown, said in s.node_io:
             by_node.setdefault(node_id, []).append(Demo(input=shown, output=said))
-    candidates = [
-        n for n in graph.nodes
-        if isinstance(n, LLMNode) and by_node.get(n.id) and len(n.demos) < ctx.max_demos
-    ]
+    fresh = {
+        n.id: [d for d in dict.fromkeys(by_node.get(n.id, ())) if d not in n.demos]
+        for n in graph.nodes if isinstance(n, LLMNode)
+    }
+    candidates = [n for n in graph.nodes if isinstance(n, LLMNode) and fresh[n.id]]
     if not candidates:
-        raise MutationError("bootstrap_demos: no successful execution of an llm node to learn from")
+        why = "no successful execution of an llm node to learn from" if not by_node else (
+            "every successful execution is already a demo")
+        raise MutationError(f"bootstrap_demos: {why}")
     node = ctx.rng.choice(candidates)
-    fresh = [d for d in dict.fromkeys(by_node[node.id]) if d not in node.demos]
     room = ctx.max_demos - len(node.demos)
-    picked = ctx.rng.sample(fresh, min(room, len(fresh)))
-    if not picked:
-        raise MutationError(f"bootstrap_demos: node {node.id!r} already has these demos")
-    return graph.replace_node(node.model_copy(update={"demos": node.demos + tuple(picked)}))
+    if room > 0:
+        picked = ctx.rng.sample(fresh[node.id], min(room, len(fresh[node.id])))
+        demos = node.demos + tuple(picked)
+    else:
+        demos = list(node.demos[: ctx.max_demos])
+        demos[ctx.rng.randrange(len(demos))] = ctx.rng.choice(fresh[node.id])
+        demos = tuple(demos)
+    return graph.replace_node(node.model_copy(update={"demos": demos}))

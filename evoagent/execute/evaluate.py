@@ -71,7 +71,9 @@ async def run_and_score(
     elif traj.env_reward is not None:
         traj.reward = traj.env_reward
     else:
-        traj.reward, traj.error, traj.feedback = await score(traj.output, example, reward, ctx.user)
+        traj.reward, traj.error, traj.feedback = await score(
+            traj.output, example, reward, ctx.user, ctx.tool_ctx.sandbox
+        )
         if traj.error is not None:
             traj.skip = "reward"
     return traj

@@ -44,6 +44,7 @@ def check_spec(spec: RunSpec) -> None:
     from evoagent.graph import load_graph
     from evoagent.graph import validate as validate_graph
     from evoagent.llm.backend import backend_entry, known_backends
+    from evoagent.tasks.code import testable
     from evoagent.tasks.datasets import import_ref, known_datasets, load_examples, split
     from evoagent.tasks.extract import get_extractor
     from evoagent.tasks.rewards import get_reward
@@ -88,6 +89,12 @@ def check_spec(spec: RunSpec) -> None:
     # dataset that is too small or malformed fails now, not after the model has loaded.
     examples = load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir))
     split(examples, spec.task.splits, spec.seed)
+    if spec.task.reward.kind == "unit_tests" and (bare := [e for e in examples if not testable(e)]):
+        raise SpecError(
+            f"task.reward.kind: unit_tests runs each example's tests, but {len(bare)} of the "
+            f"{len(examples)} examples of task.dataset (e.g. {bare[0].id!r}) have none: they need "
+            "'test' and 'entry_point' fields, as the humaneval dataset's examples have"
+        )
     _check_envs(graphs, examples)
     _check_schedule(spec)
     if spec.rl.enabled and spec.task.splits.train == 0:

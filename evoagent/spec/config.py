@@ -81,7 +81,7 @@ class BackendConfig(_Frozen):
 class DatasetConfig(_Frozen):
     """Where the examples come from; ``kind`` is a key of the dataset registry."""
 
-    kind: str = Field(description="dataset registry key: jsonl | reasoning_gym | python")
+    kind: str = Field(description="dataset registry key: jsonl | python | reasoning_gym | humaneval | textarena")
     path: str | None = Field(None, description="jsonl: file relative to the task file")
     name: str | None = Field(None, description="reasoning_gym: generator name")
     ref: str | None = Field(None, description="python: 'module:function' returning examples")

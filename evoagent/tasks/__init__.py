@@ -1,5 +1,6 @@
 """Tasks: datasets and splits, answer extractors, rewards."""
 
+from evoagent.tasks import code  # noqa: F401  (registers humaneval, the code extractor, unit_tests)
 from evoagent.tasks.datasets import Example, known_datasets, load_examples, split
 from evoagent.tasks.envs import known_environments, make_episode
 from evoagent.tasks.extract import get_extractor, known_extractors

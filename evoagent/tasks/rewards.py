@@ -1,6 +1,7 @@
 """Rewards: score an extracted answer against an example, in [0, 1] (higher is better).
 
-A registry of ``fn(answer, example, cfg) -> float | (float, str)``: the string is textual
+A registry of ``fn(answer, example, cfg, sandbox) -> float | (float, str)`` (``sandbox``: the
+run's limits for code, which ``unit_tests`` runs the agent's code under): the string is textual
 feedback (what was wrong, as GEPA's evaluators give it), which the trajectory keeps and the
 mutator reads beside the trace. ``score`` is the one entry point the
 executor uses: it applies the extractor, runs the reward under ``timeout_s`` and turns a
@@ -22,11 +23,12 @@ from evoagent.registry import Registry
 from evoagent.spec.config import RewardConfig
 from evoagent.tasks.datasets import Example, import_ref
 from evoagent.tasks.extract import get_extractor
+from evoagent.tools.sandbox import SandboxConfig
 from evoagent.usercode import UserCode
 
-RewardFn = Callable[[str, Example, RewardConfig], "float | tuple[float, str]"]
+RewardFn = Callable[[str, Example, RewardConfig, SandboxConfig], "float | tuple[float, str]"]
 _REGISTRY: Registry[RewardFn] = Registry("reward", SpecError, field="task.reward.kind")
-reward = _REGISTRY.register  # ``@reward("name")``: register ``fn(answer, example, cfg) -> float``
+reward = _REGISTRY.register  # ``@reward("name")``: register a ``RewardFn``
 known_rewards = _REGISTRY.names
 get_reward = _REGISTRY.get
 
@@ -40,7 +42,8 @@ class Scored(NamedTuple):
 
 
 async def score(
-    output: str, example: Example, cfg: RewardConfig, user: UserCode | None = None
+    output: str, example: Example, cfg: RewardConfig, user: UserCode | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> Scored:
     """The reward of ``output``; 0.0 and the reason if the reward failed."""
     fn = get_reward(cfg.kind)
@@ -50,7 +53,10 @@ async def score(
         if cfg.kind == "python" and user is not None:
             value = await _user_reward(answer, example, cfg, user)
         else:
-            value = await asyncio.wait_for(asyncio.to_thread(fn, answer, example, cfg), cfg.timeout_s)
+            limits = sandbox or SandboxConfig()
+            value = await asyncio.wait_for(
+                asyncio.to_thread(fn, answer, example, cfg, limits), cfg.timeout_s
+            )
     except TimeoutError:
         return Scored(0.0, f"reward timed out after {cfg.timeout_s}s")
     except UserCodeError as e:
@@ -87,20 +93,20 @@ def _number(text: str) -> float | None:
 
 
 @reward("exact")
-def exact(answer: str, example: Example, cfg: RewardConfig) -> float:
+def exact(answer: str, example: Example, cfg: RewardConfig, sandbox: SandboxConfig) -> float:
     """1 if the answers match after case and whitespace folding."""
     return float(" ".join(answer.lower().split()) == " ".join(example.answer.lower().split()))
 
 
 @reward("numeric")
-def numeric(answer: str, example: Example, cfg: RewardConfig) -> float:
+def numeric(answer: str, example: Example, cfg: RewardConfig, sandbox: SandboxConfig) -> float:
     """1 if both parse as numbers equal to 1e-6 relative tolerance."""
     a, b = _number(answer), _number(example.answer)
     return float(a is not None and b is not None and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9))
 
 
 @reward("reasoning_gym")
-def reasoning_gym(answer: str, example: Example, cfg: RewardConfig) -> float:
+def reasoning_gym(answer: str, example: Example, cfg: RewardConfig, sandbox: SandboxConfig) -> float:
     """The generator's own scorer (partial credit where the generator gives it)."""
     import reasoning_gym as rg
 
@@ -108,7 +114,9 @@ def reasoning_gym(answer: str, example: Example, cfg: RewardConfig) -> float:
 
 
 @reward("python")
-def python(answer: str, example: Example, cfg: RewardConfig) -> float | tuple[float, str]:
+def python(
+    answer: str, example: Example, cfg: RewardConfig, sandbox: SandboxConfig
+) -> float | tuple[float, str]:
     """The user's ``module:function(answer, example) -> float | (float, feedback)``."""
     if cfg.ref is None:
         raise SpecError("task.reward.ref: required for kind python")

@@ -116,6 +116,10 @@ CASES = [
          spec_with("kind: reasoning_gym, name: basic_arithmetic", "kind: csv")),
     Case("unknown-rg-generator", r"task\.dataset\.name: unknown reasoning-gym generator 'sums'",
          spec_with("name: basic_arithmetic", "name: sums")),
+    Case("unit-tests-on-a-dataset-without-tests",
+         r"task\.reward\.kind: unit_tests runs each example's tests, but 30 of the 30 examples .*"
+         r"'test' and 'entry_point'",
+         spec_with("  tools:", "  reward: {kind: unit_tests, extract: code}\n  tools:")),
     Case("rg-options-that-fail-when-drawn",  # reasoning-gym checks these only per item
          r"task\.dataset\.options: simple_equations rejected them: .*number of weights",
          spec_with("name: basic_arithmetic, size: 30", "name: simple_equations, size: 30, "

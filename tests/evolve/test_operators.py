@@ -237,3 +237,19 @@ def test_a_plugin_cannot_take_a_builtin_operators_name():
     with pytest.raises(SpecError, match="operator 'insert_tool' is already registered"):
         evoagent.mutation("insert_tool")(lambda parents, ctx: parents[0])
     assert get_operator("insert_tool").fn.__module__ == "evoagent.evolve.structure_ops"
+
+
+def _success(a: int, b: int) -> Feedback:
+    q = f"Calculate {a} + {b}."
+    return Feedback(q, str(a + b), str(a + b), 1.0, None, (TraceStep("answer", "llm", q, str(a + b)),))
+
+
+def test_bootstrap_demos_swaps_a_demo_once_the_node_is_full_and_says_when_nothing_is_new():
+    wins = tuple(_success(a, 1) for a in range(5))
+    full = apply("bootstrap_demos", [DIRECT], mctx(successes=wins[:2], max_demos=2))
+    assert len(full.node("answer").demos) == 2
+    swapped = apply("bootstrap_demos", [full], mctx(successes=wins, max_demos=2))
+    before, after = full.node("answer").demos, swapped.node("answer").demos
+    assert len(after) == 2 and len(set(before) & set(after)) == 1  # one kept, one fresh
+    with pytest.raises(MutationError, match="every successful execution is already a demo"):
+        apply("bootstrap_demos", [full], mctx(successes=wins[:2], max_demos=2))
