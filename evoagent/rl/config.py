@@ -30,7 +30,8 @@ class RLConfig(BaseModel):
         "grpo",
         description=(
             "rl.advantages key (grpo | dr_grpo | rloo | gigpo); 'rft': keep the top-k "
-            "successful samples per group and train them with the sft loss (Yuan et al. 2023); "
+            "successful samples per group, plus the archive's earlier successes on the step's "
+            "inputs, and train them with the sft loss (Yuan et al. 2023); "
             "'dpo': pair a better and a worse archived trajectory of one input and train the "
             "DPO loss against the base model (Rafailov et al. 2023; ETO, Song et al. 2024)"
         ),

@@ -5,9 +5,11 @@ earlier trajectories of the same inputs), take ``rl.steps`` optimizer steps, che
 The policy trains on the backend's training copy (``trainable_model``) and every optimizer step
 is synced to the backend (``sync_weights``: LoRA merged into the generation weights), so every
 step re-samples with the current weights (on-policy; a sync also empties the completion
-cache); after the phase the loop bumps ``weights_version``. Under ``dpo`` the rollouts go back to the loop, which archives them
-(split ``train``, tagged with the weights version the phase started from): that is where later
-DPO pairs come from.
+cache); after the phase the loop bumps ``weights_version``. Under ``dpo`` and ``rft`` the
+rollouts go back to the loop, which archives them (split ``train``, tagged with the weights
+version the phase started from): later DPO pairs come from there, and ``rft`` also trains on
+the archive's earlier successes on a step's inputs, so an input the current weights no longer
+solve still teaches what solved it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from evoagent.execute.trajectory import SKIPS, Trajectory
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend, SupportsTraining
 from evoagent.rl.batch import build_batch, episode_advantages, preference_pairs
-from evoagent.rl.config import DPO, RLConfig
+from evoagent.rl.config import DPO, RFT, RLConfig
 from evoagent.rl.policy import attach_lora
 from evoagent.rl.trainer import Trainer
 from evoagent.spec.config import RewardConfig
@@ -40,7 +42,8 @@ class PhaseResult:
     """What one RL phase leaves: the checkpoint (relative to the run folder), metrics (means
     over the phase, each step's under ``"per_step"``), and every rollout. ``archive`` says
     whether the archive should keep the rollouts (split ``train``): ``dpo`` reads them back
-    as pairs; the other algorithms never do, and multi-turn rollouts are large."""
+    as pairs and ``rft`` their successes; the others never do, and multi-turn rollouts are
+    large."""
 
     checkpoint: str
     metrics: dict[str, Any]
@@ -64,7 +67,7 @@ class RLPhase:
     """Owns the trainer; ``train`` runs one RL phase, ``restore`` reloads a checkpoint.
 
     ``history`` reads the archive's earlier train-split trajectories of some inputs; the
-    ``dpo`` algorithm pairs them with the fresh rollouts.
+    ``dpo`` algorithm pairs them with the fresh rollouts, ``rft`` adds their successes.
     """
 
     def __init__(
@@ -168,7 +171,7 @@ class RLPhase:
         trainer.save_checkpoint(path)
         # relative: the run folder may move
         return PhaseResult(
-            str(path.relative_to(self.dir.parent)), out, rollouts, self.cfg.algorithm == DPO
+            str(path.relative_to(self.dir.parent)), out, rollouts, self.cfg.algorithm in (DPO, RFT)
         )
 
     async def _step(
@@ -189,6 +192,9 @@ class RLPhase:
             chosen = torch.tensor([c for c, _ in pairs], dtype=torch.long)
             rejected = torch.tensor([r for _, r in pairs], dtype=torch.long)
             return await asyncio.to_thread(trainer.train_pairs, batch, chosen, rejected)
+        if self.cfg.algorithm == RFT and self.history is not None:
+            older = self.history([ex.id for ex in inputs])
+            usable = usable + [t for t in older if t.skip is None and (t.reward or 0.0) >= 1.0]
         steps, advs, eps = episode_advantages(usable, lambda t: (t.agent_id, t.input_id), self.cfg)
         if not steps:
             return None  # every group had equal rewards: no gradient (DAPO dynamic sampling)

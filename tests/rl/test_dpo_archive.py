@@ -1,5 +1,6 @@
-"""DPO through ``evoagent run``: each phase's rollouts are archived (split train) and a later
-phase reads them back as pairs; other algorithms leave the archive's train split empty."""
+"""DPO and RFT through ``evoagent run``: each phase's rollouts are archived (split train) and a
+later phase reads them back (as pairs, or successes); other algorithms leave the train split
+empty."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ rl: {{enabled: true, every: 1, steps: 1, group_size: 4, inputs_per_step: 2, lr: 
 PARITY = "def score(answer, example):\n    return float(len(answer) % 2)\n"
 
 
-@pytest.mark.parametrize("algorithm", ["dpo", "grpo"])
+@pytest.mark.parametrize("algorithm", ["dpo", "rft", "grpo"])
 def test_dpo_rollouts_are_archived_and_read_back(tmp_path, tiny_model_dir, algorithm):
     (tmp_path / "parity_reward.py").write_text(PARITY)
     task = tmp_path / "task.yaml"

@@ -176,3 +176,21 @@ def test_oversampling_trains_where_the_samples_disagree(tiny_backend, tmp_path):
     for ids, row in zip(trained, res.metrics["per_step"], strict=True):
         assert ids and all(int(i) % 2 for i in ids) and len(ids) <= 2
         assert row["inputs_with_signal"] >= len(ids)
+
+
+def test_rft_learns_from_the_archives_successes_when_fresh_samples_all_fail(tiny_backend, tmp_path):
+    """An input the current weights no longer solve still teaches what solved it before."""
+    backend = tiny_backend()
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(2)]
+    first = asyncio.run(phase(backend, tmp_path, algorithm="rft").train([GRAPH], train, 1))
+    wins = [t for t in first.rollouts if t.reward == 1.0]
+    assert first.archive and wins  # rft keeps its rollouts for later phases
+
+    def later(history):
+        rl = phase(backend, tmp_path, algorithm="rft")
+        rl.reward = RewardConfig(kind="python", ref=f"{__name__}:nothing", extract="raw")
+        rl.history = history
+        return asyncio.run(rl.train([GRAPH], train, 2)).metrics["steps_trained"]
+
+    assert later(None) == 0  # every fresh sample fails: nothing to imitate
+    assert later(lambda ids: [t for t in first.rollouts if t.input_id in ids]) == 2
