@@ -36,6 +36,7 @@ from evoagent.tools import ToolContext, known_tools
 
 REDRAWS = 4  # draws per child slot while it rebuilds a known agent or its operator does not apply
 MUTATOR_FAILED = "the mutator backend failed"
+RESCORE_FAILED = "the backend failed while re-scoring parent"
 
 
 @dataclass
@@ -200,7 +201,9 @@ class Search:
             if isinstance(res, BaseException) and not isinstance(res, BackendError):
                 raise res
         failed = [r for r in results if isinstance(r, BackendError)]
-        mutator_failed = [a for a in pending.agents if (a.reason or "").startswith(MUTATOR_FAILED)]
+        mutator_failed = [
+            a for a in pending.agents if (a.reason or "").startswith((MUTATOR_FAILED, RESCORE_FAILED))
+        ]
         if (failed or mutator_failed) and len(failed) == len(results):  # nothing was evaluated
             cause = failed[0] if failed else mutator_failed[0].reason
             raise BackendError(f"generation {gen} could not proceed: {cause}")
@@ -261,8 +264,7 @@ class Search:
         try:
             seen = await self._current_executions(parents[0], pending)
         except BackendError as e:
-            return _failed(gen, slot, base, "crashed",
-                           f"the backend failed while re-scoring parent {parents[0].id}: {e}")
+            return _failed(gen, slot, base, "crashed", f"{RESCORE_FAILED} {parents[0].id}: {e}")
         ctx = self._mutation_context(seen, rng, pool)
         try:
             child = await op.apply([self.archive.graph(p.id) for p in parents], ctx,
@@ -352,7 +354,11 @@ class Search:
         fresh = {e.agent_id: e.score for e in pending.evaluations if e.split == "val" and e.stage == "full"}
         graphs = {a.id: a.graph for a in pending.agents if a.id in fresh and a.graph is not None}
         children = [Candidate(a, fresh[a], 0, 0, gen, version) for a in graphs]  # not yet committed
-        pool = sorted(self._candidates(version) + children, key=lambda c: (-c.score, c.generation, c.id))
+        archived = [  # parents re-scored this generation rank by their new score
+            replace(c, score=fresh[c.id], version=version) if c.id in fresh else c
+            for c in self._candidates(version)
+        ]
+        pool = sorted(archived + children, key=lambda c: (-c.score, c.generation, c.id))
         graph = lambda c: graphs.get(c.id) or self.archive.graph(c.id)  # noqa: E731
         elite = [graph(c) for c in pool[: self.spec.rl.elite]]
         self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
@@ -377,7 +383,7 @@ class Search:
         evs = await asyncio.gather(*(self._full(graph(c), self.splits["val"]) for c in top))
         for c, ev in zip(top, evs, strict=True):
             self._record(pending, c.id, "val", "full", ev)
-            self.reporter.log(f"gen {gen}: {c.id} val {c.score:.3f} (v{version - 1}) -> {ev.score:.3f} (v{version})")
+            self.reporter.log(f"gen {gen}: {c.id} val {c.score:.3f} (v{c.version}) -> {ev.score:.3f} (v{version})")
         return (path, metrics), version
 
     async def _finish(self, gen: int, version: int) -> SearchResult:

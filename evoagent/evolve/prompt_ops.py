@@ -81,14 +81,24 @@ def clean_reply(text: str) -> str:
     return t.strip().strip('"').strip()[:_MAX_INSTRUCTION]
 
 
-def parse_rewrite(text: str) -> tuple[str, str | None]:
+def _marker(name: str) -> re.Pattern[str]:
+    """A section marker as small models write it: ``TEMPLATE:``, ``**Template:**``, ``## TEMPLATE``."""
+    return re.compile(rf"^[\s*#_`]*{name}[\s*_`]*:?[\s*_`]*", re.M | re.I)
+
+
+_INSTRUCTIONS, _TEMPLATE = _marker("(?:new )?instructions"), _marker("(?:new )?template")
+
+
+def parse_rewrite(text: str, truncated: bool = False) -> tuple[str, str | None]:
     """(instructions, template or None) from a reply in REFLECT_PROMPT's form; a reply
-    without the markers is all instructions (small mutators often ignore the form)."""
-    parts = re.split(r"^\s*TEMPLATE:\s*$", text, maxsplit=1, flags=re.MULTILINE | re.IGNORECASE)
-    template = parts[1].strip().strip("`").strip() if len(parts) == 2 else ""
+    without the markers is all instructions (small mutators often ignore the form). A reply
+    cut off at its token limit gives no template: a truncated template could still keep its
+    placeholders and lose the rest."""
+    parts = _TEMPLATE.split(text, maxsplit=1)
+    template = parts[1].strip().strip("`").strip() if len(parts) == 2 and not truncated else ""
     if template.upper() in ("", "SAME", "<SAME>"):
         template = ""
-    return clean_reply(parts[0]), template or None
+    return clean_reply(_INSTRUCTIONS.sub("", parts[0], count=1)), template or None
 
 
 def _keeps_data_flow(old: str, new: str) -> bool:
@@ -117,7 +127,7 @@ async def reflective_rewrite(parents: Sequence[AgentGraph], ctx: MutationContext
         seed=ctx.rng.getrandbits(62),
     )
     (gen,) = await ctx.llm.generate([req])
-    system, template = parse_rewrite(gen.text)
+    system, template = parse_rewrite(gen.text, truncated=gen.finish_reason == "length")
     update: dict[str, str] = {}
     if system and system != node.system:
         update["system"] = system

@@ -132,6 +132,16 @@ class RLConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _oversample_needs_group_advantages(self) -> RLConfig:
+        if self.oversample > 1 and self.algorithm in (RFT, DPO):
+            raise ValueError(
+                f"oversample keeps the inputs whose samples disagree, which {self.algorithm} "
+                "does not need (it learns from all-success or all-failure inputs too, with the "
+                "archive's help); set oversample: 1"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _schedule_has_a_length(self) -> RLConfig:
         if self.lr_schedule != "constant" and self.schedule_steps is None:
             raise ValueError(f"lr_schedule {self.lr_schedule!r} needs schedule_steps")

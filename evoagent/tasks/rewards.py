@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
-from evoagent.errors import SpecError, UserCodeError
+from evoagent.errors import SandboxError, SpecError, UserCodeError
 from evoagent.registry import Registry
 from evoagent.spec.config import RewardConfig
 from evoagent.tasks.datasets import Example, import_ref
@@ -26,7 +26,7 @@ from evoagent.tasks.extract import get_extractor
 from evoagent.tools.sandbox import SandboxConfig
 from evoagent.usercode import UserCode
 
-RewardFn = Callable[[str, Example, RewardConfig, SandboxConfig], "float | tuple[float, str]"]
+RewardFn = Callable[..., object]  # (answer, example, cfg, sandbox) -> float | (float, str), or awaitable
 _REGISTRY: Registry[RewardFn] = Registry("reward", SpecError, field="task.reward.kind")
 reward = _REGISTRY.register  # ``@reward("name")``: register a ``RewardFn``
 known_rewards = _REGISTRY.names
@@ -50,10 +50,12 @@ async def score(
     extract = get_extractor(cfg.extract)
     try:
         answer = extract(output)
+        limits = sandbox or SandboxConfig()
         if cfg.kind == "python" and user is not None:
             value = await _user_reward(answer, example, cfg, user)
+        elif inspect.iscoroutinefunction(fn):  # e.g. unit_tests: no thread held while it waits
+            value = await asyncio.wait_for(fn(answer, example, cfg, limits), cfg.timeout_s)
         else:
-            limits = sandbox or SandboxConfig()
             value = await asyncio.wait_for(
                 asyncio.to_thread(fn, answer, example, cfg, limits), cfg.timeout_s
             )
@@ -61,10 +63,12 @@ async def score(
         return Scored(0.0, f"reward timed out after {cfg.timeout_s}s")
     except UserCodeError as e:
         return Scored(0.0, str(e))
+    except SandboxError:  # the sandbox itself cannot start: the run's problem, not the sample's
+        raise
     except Exception as e:  # the user's reward is a candidate boundary: its failure is data
         return Scored(0.0, f"reward raised {type(e).__name__}: {e}")
     feedback = None
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], str):
+    if isinstance(value, tuple | list) and len(value) == 2 and isinstance(value[1], str | None):
         value, feedback = value
     try:
         value = float(value)

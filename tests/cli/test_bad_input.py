@@ -124,6 +124,8 @@ CASES = [
          r"task\.dataset\.options: simple_equations rejected them: .*number of weights",
          spec_with("name: basic_arithmetic, size: 30", "name: simple_equations, size: 30, "
                    "options: {operators: ['+']}")),
+    Case("oversample-with-rft", r"rl: .*oversample keeps the inputs whose samples disagree, which rft",
+         GOOD + "rl: {algorithm: rft, oversample: 2}\n"),
     Case("unknown-selector", r"evolve\.selection\.kind: unknown selector 'roulette'; known: \['dgm', 'islands'\]",
          GOOD + "evolve: {selection: {kind: roulette}}\n"),
     Case("unknown-algorithm", r"rl\.algorithm: unknown algorithm 'ppo2'; known: \[", GOOD + "rl: {algorithm: ppo2}\n"),

@@ -253,3 +253,15 @@ def test_bootstrap_demos_swaps_a_demo_once_the_node_is_full_and_says_when_nothin
     assert len(after) == 2 and len(set(before) & set(after)) == 1  # one kept, one fresh
     with pytest.raises(MutationError, match="every successful execution is already a demo"):
         apply("bootstrap_demos", [full], mctx(successes=wins[:2], max_demos=2))
+
+
+@pytest.mark.parametrize("reply", [
+    "INSTRUCTIONS: Be exact.\nTEMPLATE: Solve: {input}",
+    "**Instructions:**\nBe exact.\n\n**Template:**\nSolve: {input}",
+    "## INSTRUCTIONS\nBe exact.\n## TEMPLATE\nSolve: {input}",
+])
+def test_reflective_rewrite_reads_the_markers_small_models_write(reply):
+    from evoagent.evolve.prompt_ops import parse_rewrite
+
+    assert parse_rewrite(reply) == ("Be exact.", "Solve: {input}")
+    assert parse_rewrite(reply, truncated=True) == ("Be exact.", None)

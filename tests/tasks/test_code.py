@@ -63,3 +63,33 @@ def test_the_code_extractor_takes_the_last_fenced_block():
     assert code("a\n```python\nx = 1\n```\nb\n```py\ny = 2\n```").strip() == "y = 2"
     assert code("```python\nz = 3\n").strip() == "z = 3"  # cut off before the closing fence
     assert code("return 4") == "return 4"
+
+
+def test_a_whole_function_keeps_the_prompts_helpers():
+    """HumanEval/10's prompt defines is_palindrome, which the solution calls."""
+    e = PROBLEMS["HumanEval-10"]
+    whole = f"```python\ndef make_palindrome(string: str) -> str:\n{e.answer}```"  # no helper
+    assert judge(whole, e).value == 1.0
+
+
+@pytest.mark.parametrize("escape", ["import sys\nsys.exit(0)", "import os\nos._exit(0)"])
+def test_exiting_before_the_tests_run_does_not_pass(escape):
+    cheat = f"```python\n{escape}\n```"
+    result = judge(cheat)
+    assert result.value == 0.0 and "did not finish" in result.feedback
+
+
+def test_hanging_answers_do_not_starve_correct_ones_scored_at_the_same_time():
+    """Each sandboxed run is awaited, not held in a worker thread: correct answers scored
+    beside many hanging ones still finish within their own time limit."""
+    cfg = RewardConfig(kind="unit_tests", extract="code", timeout_s=8)
+    limits = SANDBOX.model_copy(update={"timeout_s": 3})
+    hang = "```python\ndef has_close_elements(numbers, threshold):\n    while True: pass\n```"
+
+    async def all_at_once():
+        jobs = [hang] * 12 + [FIRST.answer] * 12
+        return await asyncio.gather(*(score(r, FIRST, cfg, sandbox=limits) for r in jobs))
+
+    results = asyncio.run(all_at_once())
+    assert [r.value for r in results[12:]] == [1.0] * 12
+    assert all(r.value == 0.0 for r in results[:12])
