@@ -23,11 +23,11 @@ from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationW
 from evoagent.errors import BackendError, EvoagentError, GraphError, MutationError, SandboxError
 from evoagent.evolve.cascade import cascade
 from evoagent.evolve.hooks import NullReporter, Reporter, RLHook, SearchResult
-from evoagent.evolve.operators import Feedback, MutationContext, Operator, TraceStep, get_operator
+from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
 from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.evaluate import Evaluation, Evaluator, LocalEvaluator
 from evoagent.execute.executor import ExecContext, request_seed
-from evoagent.execute.trajectory import SKIPS, LLMStep, Step, Trajectory
+from evoagent.execute.trajectory import SKIPS, Trajectory
 from evoagent.graph import AgentGraph, graph_from_dict, load_graph, validate
 from evoagent.llm.backend import Backend
 from evoagent.spec.config import RunSpec
@@ -338,15 +338,7 @@ class Search:
 
     def _feedback(self, t: Trajectory) -> Feedback:
         ex = self.by_id.get(t.input_id)
-        return Feedback(
-            input=t.input,
-            output=t.output,
-            expected=ex.answer if ex else "?",
-            reward=t.reward or 0.0,
-            error=t.error,
-            steps=tuple(_trace_step(s) for s in t.steps),
-            feedback=t.feedback,
-        )
+        return Feedback.of(t, ex.answer if ex else "?")
 
     async def _rl_phase(self, pending: _Pending, gen: int, version: int) -> tuple[tuple[str, dict], int]:
         """Train on the elite's rollouts, bump the weights version, re-score the top agents."""
@@ -409,12 +401,6 @@ class Search:
             weights_version=version,
             generations=gen,
         )
-
-
-def _trace_step(s: Step) -> TraceStep:
-    if isinstance(s, LLMStep):
-        return TraceStep(s.node, "llm", s.messages[-1]["content"], s.text)
-    return TraceStep(s.node, "tool", f"{s.tool}({s.argument})", s.output if s.ok else f"error: {s.error}")
 
 
 def _failed(gen: int, slot: int, base: dict, status: str, reason: str) -> AgentRecord:

@@ -29,6 +29,7 @@ from importlib.metadata import entry_points
 from typing import Literal, Protocol, runtime_checkable
 
 from evoagent.errors import MutationError, SpecError, UserCodeError
+from evoagent.execute.trajectory import LLMStep, Trajectory
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend
 from evoagent.registry import Registry
@@ -58,6 +59,17 @@ class Feedback:
     error: str | None
     steps: tuple[TraceStep, ...] = ()
     feedback: str | None = None  # the reward's textual feedback, when it gives one
+
+    @classmethod
+    def of(cls, t: Trajectory, expected: str) -> Feedback:
+        """The mutator's view of one archived execution."""
+        steps = tuple(
+            TraceStep(s.node, "llm", s.messages[-1]["content"], s.text) if isinstance(s, LLMStep)
+            else TraceStep(s.node, "tool", f"{s.tool}({s.argument})",
+                           s.output if s.ok else f"error: {s.error}")
+            for s in t.steps
+        )
+        return cls(t.input, t.output, expected, t.reward or 0.0, t.error, steps, t.feedback)
 
     @property
     def node_io(self) -> tuple[tuple[str, str, str], ...]:
