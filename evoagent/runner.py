@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evoagent.archive.store import DB_NAME, Archive
-from evoagent.errors import ArchiveError
+from evoagent.errors import ArchiveError, SpecError
 from evoagent.evolve.hooks import NullReporter, Reporter, SearchResult
 from evoagent.evolve.loop import Search
 from evoagent.graph.io import dump_graph
@@ -52,7 +52,7 @@ def prepare(task: Path | str, *, output: str | None = None, resume: bool = False
 
 
 # Fields a resumed run may change: where things live, and how long the search goes on.
-RESUMABLE = frozenset({"output", "base_dir", "evolve.generations"})
+RESUMABLE = frozenset({"output", "base_dir", "evolve.generations", "evolve.max_calls"})
 
 
 def spec_changes(stored_json: str, spec: RunSpec) -> list[str]:
@@ -89,6 +89,9 @@ async def run(spec: RunSpec, reporter: Reporter | None = None, ray: RayOptions |
     if runs_code and (warning := check_sandbox(spec.sandbox)):
         (reporter or NullReporter()).log(f"warning: {warning}")
     evaluator = None
+    if ray is not None and spec.evolve.max_calls is not None:
+        raise SpecError("evolve.max_calls counts the calls of this process's models, but with "
+                        "--ray the evaluations run on the workers: drop one of them")
     if ray is not None:  # the cluster first: an address that does not answer fails before a model loads
         from evoagent.distributed.ray_evaluator import RayEvaluator
 
@@ -128,4 +131,6 @@ def _summary(r: SearchResult) -> dict:
         "test": r.test,
         "weights_version": r.weights_version,
         "generations": r.generations,
+        "calls": r.calls,
+        "tokens": r.tokens,
     }

@@ -97,6 +97,7 @@ class GenerationWrite:
     evaluations: list[EvalRecord]
     trajectories: list[tuple[str, Trajectory, int]]  # (split, trajectory, weights version)
     checkpoint: tuple[str, dict[str, Any]] | None = None  # (path, metrics) of a new RL version
+    usage: tuple[int, int] | None = None  # the run's model (calls, tokens) so far, if counted
 
 
 class Archive:
@@ -218,6 +219,8 @@ class Archive:
                     "INSERT OR REPLACE INTO rl_checkpoints VALUES (?,?,?,?)",
                     (w.weights_version, w.generation, path, json.dumps(metrics)),
                 )
+            if w.usage is not None:
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('usage', ?)", (json.dumps(w.usage),))
             best = self.best("val", w.weights_version)
             self.db.execute(
                 "INSERT OR REPLACE INTO generations VALUES (?,?,?,?,?)",
@@ -364,6 +367,13 @@ class Archive:
         if raw is None:
             raise ArchiveError(f"no graph for agent {agent_id!r} in {self.run_dir}")
         return graph_from_dict(raw, f"archive agent {agent_id}")
+
+    def usage(self) -> tuple[int, int]:
+        """(completions, tokens) the run's models generated up to the last commit (RL rollouts
+        and mutator calls included, cache hits not): what ``evolve.max_calls`` counts."""
+        row = self.db.execute("SELECT value FROM meta WHERE key='usage'").fetchone()
+        calls, tokens = json.loads(row["value"]) if row else (0, 0)
+        return int(calls), int(tokens)
 
     def cost(self) -> tuple[int, int]:
         """(agent executions, generated tokens) over every evaluation so far."""

@@ -69,3 +69,5 @@ class SearchResult:
     test: float | None
     weights_version: int
     generations: int
+    calls: int = 0  # completions the models generated before the test (cache hits excluded)
+    tokens: int = 0

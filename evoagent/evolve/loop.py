@@ -57,9 +57,11 @@ class _Pending:
                        ev.seconds, self.generation)
         )
 
-    def write(self, checkpoint: tuple[str, dict] | None = None) -> GenerationWrite:
+    def write(
+        self, checkpoint: tuple[str, dict] | None = None, usage: tuple[int, int] | None = None
+    ) -> GenerationWrite:
         return GenerationWrite(self.generation, self.version, self.agents, self.evaluations,
-                               self.trajectories, checkpoint)
+                               self.trajectories, checkpoint, usage)
 
 
 class Search:
@@ -90,6 +92,7 @@ class Search:
         self.tools = sorted(set(known_tools()) | set(spec.task.tools))
         self.operators = [(get_operator(o.name), o.weight) for o in spec.evolve.operators]
         self.select = get_selector(spec.evolve.selection.kind)
+        self._spent_before = archive.usage()  # a resumed run's budget goes on from here
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> SearchResult:
@@ -106,9 +109,26 @@ class Search:
         gen, version = last
         await self._serve(version)
         self._progress(gen, version)
-        for gen in range(last[0] + 1, self.spec.evolve.generations + 1):
+        while gen < self.spec.evolve.generations and not self._budget_spent(gen):
+            gen += 1
             version = await self._generation(gen, version)
         return await self._finish(gen, version)
+
+    def usage(self) -> tuple[int, int]:
+        """(completions, tokens) the policy and mutator models generated in this run so far."""
+        backends = [self.policy] if self.mutator is self.policy else [self.policy, self.mutator]
+        calls, tokens = self._spent_before
+        return (calls + sum(b.usage.calls for b in backends),
+                tokens + sum(b.usage.tokens for b in backends))
+
+    def _budget_spent(self, gen: int) -> bool:
+        cap = self.spec.evolve.max_calls
+        calls = self.usage()[0]
+        if cap is None or calls < cap:
+            return False
+        self.reporter.log(f"budget spent: {calls} model calls >= evolve.max_calls {cap}; "
+                          f"the search stops after generation {gen}")
+        return True
 
     async def _serve(self, version: int) -> None:
         """Name the policy's weights ``version`` and hand trained ones to the evaluator."""
@@ -138,7 +158,7 @@ class Search:
         for a, ev in zip(pending.agents, evs, strict=True):
             self._record(pending, a.id, "val", "full", ev)
             self.reporter.log(f"seed {a.graph.name} [{a.id}] val {ev.score:.3f}")
-        self.archive.commit_generation(pending.write())
+        self.archive.commit_generation(pending.write(usage=self.usage()))
 
     async def _full(self, graph: AgentGraph, examples: Sequence[Example]) -> Evaluation:
         return await self.evaluator.evaluate(graph, examples, self.reporter.advance)
@@ -181,7 +201,7 @@ class Search:
         checkpoint = None
         if self.rl is not None and self.spec.rl.enabled and gen % self.spec.rl.every == 0:
             checkpoint, version = await self._rl_phase(pending, gen, version)
-        self.archive.commit_generation(pending.write(checkpoint))
+        self.archive.commit_generation(pending.write(checkpoint, self.usage()))
         self._progress(gen, version)
         return version
 
@@ -383,6 +403,7 @@ class Search:
         if best is None:
             raise EvoagentError("no agent has a full val score")
         agent, score = best
+        calls, tokens = self.usage()  # the search's cost; the test below is outside the budget
         test = self.archive.score(agent.id, "test", version)
         if test is None and self.splits["test"]:
             self.reporter.stage(f"test: best agent {agent.id}", len(self.splits["test"]))
@@ -400,6 +421,8 @@ class Search:
             test=test,
             weights_version=version,
             generations=gen,
+            calls=calls,
+            tokens=tokens,
         )
 
 

@@ -32,6 +32,7 @@ from evoagent.errors import MutationError, SpecError, UserCodeError
 from evoagent.execute.trajectory import LLMStep, Trajectory
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend
+from evoagent.llm.types import Usage
 from evoagent.registry import Registry
 from evoagent.usercode import UserCode
 
@@ -147,6 +148,7 @@ class NoLLM:
     """``ctx.llm`` of a synchronous operator in its worker process: no model there."""
 
     weights_version = 0
+    usage = Usage()
 
     async def generate(self, requests: object) -> list:
         raise UserCodeError("a synchronous operator runs in its own process without the LLM; "

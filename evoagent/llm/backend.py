@@ -13,16 +13,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from evoagent.errors import BackendError
-from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.registry import Registry
 from evoagent.spec.config import BackendConfig
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """Serves completions; ``weights_version`` names the weights the next call will use."""
+    """Serves completions; ``weights_version`` names the weights the next call will use and
+    ``usage`` counts what the model generated (``through_cache`` keeps it)."""
 
     weights_version: int
+    usage: Usage
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
 

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.llm.types import Generation, GenerationRequest, Usage
 
 
 class GenerationCache:
@@ -59,16 +59,19 @@ Fetch = Callable[[list[GenerationRequest]], Awaitable[list[Generation]]]
 
 
 async def through_cache(
-    cache: GenerationCache | None, version: int, requests: Sequence[GenerationRequest], fetch: Fetch
+    cache: GenerationCache | None, version: int, requests: Sequence[GenerationRequest], fetch: Fetch,
+    usage: Usage,
 ) -> list[Generation]:
     """Answer ``requests`` from ``cache`` where it can, the rest with one ``fetch`` call, and
-    keep what ``fetch`` returns under ``version`` (unless the weights changed meanwhile)."""
+    keep what ``fetch`` returns under ``version`` (unless the weights changed meanwhile).
+    ``usage`` counts what ``fetch`` generated."""
     out: list[Generation | None] = [
         cache.get(version, r) if cache is not None else None for r in requests
     ]
     todo = [i for i, g in enumerate(out) if g is None]
     if todo:
         fresh = await fetch([requests[i] for i in todo])
+        usage.add(fresh)
         for i, g in zip(todo, fresh, strict=True):
             out[i] = g
             if cache is not None and g.weights_version == version:

@@ -44,7 +44,7 @@ from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.decode import Sampling, decode, forward
 from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
 from evoagent.llm.kv import INDEX, KV, PrefixStore, common_prefix, layout, row_kv
-from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.llm.weights import load_served
 from evoagent.memory import release_memory
 from evoagent.spec.config import BackendConfig
@@ -98,7 +98,7 @@ class HFBackend:
             self._generate_batch, cfg.max_batch, cfg.batch_wait_ms, "hf"
         )
         self._trained: nn.Module | None = None
-        self.completion_tokens = 0
+        self.usage = Usage()  # what the model generated (cache hits excluded)
         self.prefilled_tokens = 0  # prompt ids run through the model (cached prefixes excluded)
         self._closing = threading.Event()  # set by aclose: a decode in flight stops at its next step
         # transformers 5.x renamed the KV-cache argument from past_key_values to cache.
@@ -116,7 +116,7 @@ class HFBackend:
         executor does not mistake it for one input's bad luck.
         """
         cache = self.cache if self.cfg.cache else None
-        return await through_cache(cache, self.weights_version, requests, self._batcher.submit)
+        return await through_cache(cache, self.weights_version, requests, self._batcher.submit, self.usage)
 
     async def aclose(self) -> None:
         """Stop serving; a batch being decoded in the worker thread ends at its next token, so
@@ -194,7 +194,6 @@ class HFBackend:
             if d.kv is not None:
                 self.prefixes.put(p + d.tokens[:-1], d.kv, once=True)
                 d.kv = None
-        self.completion_tokens += sum(len(d.tokens) for d in decoded)
         return [
             Generation(
                 text=self.chat.text(r, d.tokens),

@@ -32,7 +32,7 @@ import httpx
 from evoagent.errors import BackendError
 from evoagent.llm.backend import register_backend
 from evoagent.llm.cache import GenerationCache, through_cache
-from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.spec.config import BackendConfig
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -87,14 +87,14 @@ class OpenAIBackend:
         self.cache = GenerationCache()
         self.extras = dict(EXTRAS)
         self.retried = 0
-        self.completion_tokens = 0
+        self.usage = Usage()  # what the model generated (cache hits excluded)
         self._client: httpx.AsyncClient | None = None
         self._gate: asyncio.Semaphore | None = None
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Answer each request (concurrently, at most ``max_in_flight`` at once)."""
         cache = self.cache if self.cfg.cache else None
-        return await through_cache(cache, self.weights_version, requests, self._fetch)
+        return await through_cache(cache, self.weights_version, requests, self._fetch, self.usage)
 
     async def _fetch(self, requests: list[GenerationRequest]) -> list[Generation]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
@@ -127,7 +127,6 @@ class OpenAIBackend:
         prompt = tuple(data.get("prompt_token_ids") or ()) if r.prefix_ids is None else ()
         if len(logprobs) != len(ids):
             ids, logprobs = (), ()  # only a matching pair is usable for training
-        self.completion_tokens += len(ids)
         return Generation(text=text.strip(), prompt_ids=prompt, completion_ids=ids, logprobs=logprobs,
                           finish_reason=finish, weights_version=self.weights_version)  # type: ignore[arg-type]
 

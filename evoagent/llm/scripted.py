@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from evoagent.llm.backend import register_backend
-from evoagent.llm.types import Generation, GenerationRequest, last_reply
+from evoagent.llm.types import Generation, GenerationRequest, Usage, last_reply
 from evoagent.spec.config import BackendConfig
 
 Handler = Callable[[GenerationRequest], str]
@@ -46,6 +46,7 @@ class ScriptedBackend:
         self.handler = handler
         self.weights_version = 0
         self.requests: list[GenerationRequest] = []
+        self.usage = Usage()
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         out = []
@@ -64,6 +65,7 @@ class ScriptedBackend:
                     weights_version=self.weights_version,
                 )
             )
+        self.usage.add(out)
         return out
 
     async def aclose(self) -> None:

@@ -1,5 +1,6 @@
 """The two value objects every backend speaks, a request for one completion and its result,
-and ``last_reply``, which says where the new turns of a token-in request begin."""
+``Usage``, what a backend's model has generated, and ``last_reply``, which says where the new
+turns of a token-in request begin."""
 
 from __future__ import annotations
 
@@ -51,6 +52,19 @@ class Generation:
     finish_reason: str  # "stop" | "length"
     weights_version: int
     cached: bool = False
+
+
+@dataclass
+class Usage:
+    """Completions a backend's model produced and their tokens (cache hits cost nothing): the
+    unit a search's budget (``evolve.max_calls``) and the benchmarks' equal budgets count."""
+
+    calls: int = 0
+    tokens: int = 0
+
+    def add(self, generations: Sequence[Generation]) -> None:
+        self.calls += len(generations)
+        self.tokens += sum(len(g.completion_ids) for g in generations)
 
 
 def last_reply(messages: Sequence[Message]) -> int:

@@ -36,7 +36,7 @@ from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
-from evoagent.llm.types import Generation, GenerationRequest
+from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.llm.weights import served_weights
 from evoagent.spec.config import BackendConfig
 
@@ -97,13 +97,13 @@ class VLLMBackend:
         self._lora: Any = None  # the LoRARequest every request is served with, or None: base
         self._syncs = 0
         self._trained: Any = None
-        self.completion_tokens = 0
+        self.usage = Usage()  # what the model generated (cache hits excluded)
 
     # -- Backend -----------------------------------------------------------------------------
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Answer each request, from the cache when allowed, else through the batcher."""
         cache = self.cache if self.cfg.cache else None
-        return await through_cache(cache, self.weights_version, requests, self._batcher.submit)
+        return await through_cache(cache, self.weights_version, requests, self._batcher.submit, self.usage)
 
     async def aclose(self) -> None:
         await self._batcher.aclose()
@@ -160,7 +160,6 @@ class VLLMBackend:
             c = o.outputs[0]
             ids = list(c.token_ids)
             lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=True)]
-            self.completion_tokens += len(ids)
             gens.append(Generation(
                 text=self.chat.text(r, ids), prompt_ids=tuple(p), completion_ids=tuple(ids),
                 logprobs=tuple(lps), finish_reason="stop" if c.finish_reason == "stop" else "length",

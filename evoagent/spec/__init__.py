@@ -97,6 +97,9 @@ def check_spec(spec: RunSpec) -> None:
         )
     _check_envs(graphs, examples)
     _check_schedule(spec)
+    if spec.evolve.children == 0 and not spec.rl.enabled:
+        raise SpecError("evolve.children: 0 searches no programs, and with rl.enabled false the "
+                        "run would do nothing after the seeds")
     if spec.rl.enabled and spec.task.splits.train == 0:
         raise SpecError("rl.enabled: task.splits.train is 0, so the RL phase has nothing to train on")
     for field, cfg in (("policy", spec.policy), ("mutator", spec.mutator)):

@@ -145,7 +145,14 @@ class EvolveConfig(_Frozen):
     """The outer loop's budget and operators."""
 
     generations: int = Field(4, ge=0, description="generations after the seeds")
-    children: int = Field(4, ge=1, description="children per generation")
+    children: int = Field(
+        4, ge=0, description="children per generation (0: no program search, the RL phases alone)"
+    )
+    max_calls: int | None = Field(
+        None, ge=1,
+        description="budget: no generation starts once the policy and mutator models have "
+        "generated this many completions (cache hits are free; the final test is not counted)",
+    )
     operators: tuple[OperatorRef, ...] = (
         OperatorRef(name="insert_tool"),
         OperatorRef(name="bootstrap_demos"),

@@ -127,7 +127,7 @@ def test_resume_refuses_a_changed_spec_but_lets_the_search_go_on_longer(tmp_path
     task = tmp_path / "task.yaml"
     out = str(tmp_path / "pop")
     task.write_text(SPEC.replace("children: 3", "children: 5"))
-    with pytest.raises(ArchiveError, match=r"evolve\.children: 3 -> 5.*only \['base_dir', 'evolve\.generations', 'output'\]"):
+    with pytest.raises(ArchiveError, match=r"evolve\.children: 3 -> 5.*only \['base_dir', 'evolve\.generations', 'evolve\.max_calls', 'output'\]"):
         runner.prepare(task, output=out, resume=True)
     task.write_text(SPEC.replace("generations: 3", "generations: 4"))
     longer = runner.prepare(task, output=out, resume=True)

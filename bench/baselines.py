@@ -1,0 +1,264 @@
+"""The two outside baselines of ``bench/headline.py``, each run on evoagent's own parts so that
+only the method differs: the same policy backend, task, reward and splits.
+
+- ``gepa_row``: GEPA (``gepa.optimize``, Agrawal et al. 2025) optimizing the system text of
+  every llm node of the seed agent, through a ``GEPAAdapter`` that executes candidates with
+  evoagent's executor and shows GEPA's reflection LM each node's replies plus the reward's
+  verdict and feedback. The reflection LM is the task's mutator backend (the same model and
+  sampling as evoagent's ``reflective_rewrite``). Stops when the models have generated the
+  budget's completions.
+- ``trl_grpo_row``: TRL's ``GRPOTrainer`` training the policy's weights (LoRA, the task's RL
+  settings) on the seed agent's prompts, the program left as it is; then the trained adapter
+  is served by evoagent's backend for the test.
+
+Both return the row's figures plus the per-input test rewards the paired bootstrap needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import tempfile
+import time
+from typing import Any
+
+from evoagent.execute.evaluate import Evaluation, LocalEvaluator
+from evoagent.execute.executor import ExecContext
+from evoagent.execute.trajectory import LLMStep, Trajectory
+from evoagent.graph.model import AgentGraph, LLMNode
+from evoagent.llm.backend import Backend, make_backend
+from evoagent.llm.types import GenerationRequest, Message
+from evoagent.spec.config import RunSpec
+from evoagent.tasks.datasets import Example, load_examples, split
+from evoagent.tasks.rewards import score
+from evoagent.tools import ToolContext
+
+REFLECTION_TOKENS = 240  # what evoagent's reflective_rewrite lets the mutator write
+REFLECTION_TEMPERATURE = 0.8
+
+
+def splits_of(spec: RunSpec) -> dict[str, list[Example]]:
+    examples = load_examples(spec.task.dataset, spec.seed, spec.resolve("."))
+    return split(examples, spec.task.splits, spec.seed)
+
+
+def per_input(ev: Evaluation) -> dict[str, float]:
+    return {t.input_id: float(t.reward or 0.0) for t in ev.trajectories}
+
+
+def with_systems(graph: AgentGraph, systems: dict[str, str]) -> AgentGraph:
+    """``graph`` with the system text of the named llm nodes replaced."""
+    nodes = tuple(
+        n.model_copy(update={"system": systems[n.id]}) if n.id in systems else n for n in graph.nodes
+    )
+    return graph.model_copy(update={"nodes": nodes})
+
+
+# -- GEPA ------------------------------------------------------------------------------------
+class EvoagentAdapter:
+    """A ``gepa.GEPAAdapter`` whose programs are an evoagent graph's llm-node system texts.
+
+    GEPA is synchronous; it runs in a worker thread and every model call is handed to the
+    event loop that owns the backend (``asyncio.run_coroutine_threadsafe``), where the batcher
+    gathers a whole minibatch into one batched generate call.
+    """
+
+    def __init__(self, graph: AgentGraph, evaluator: LocalEvaluator, loop: asyncio.AbstractEventLoop,
+                 answers: dict[str, str]) -> None:
+        self.graph = graph
+        self.evaluator = evaluator
+        self.loop = loop
+        self.answers = answers
+        self.propose_new_texts = None  # GEPA's own proposer writes the new texts
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def evaluate(self, batch: list[Example], candidate: dict[str, str], capture_traces: bool = False) -> Any:
+        from gepa import EvaluationBatch
+
+        ev = self.run(self.evaluator.evaluate(with_systems(self.graph, candidate), batch))
+        return EvaluationBatch(
+            outputs=[t.output for t in ev.trajectories],
+            scores=[float(t.reward or 0.0) for t in ev.trajectories],
+            trajectories=list(ev.trajectories) if capture_traces else None,
+        )
+
+    def make_reflective_dataset(
+        self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
+    ) -> dict[str, list[dict[str, str]]]:
+        """Per component, each example's input, that node's reply and the reward's verdict."""
+        out: dict[str, list[dict[str, str]]] = {}
+        for comp in components_to_update:
+            records = []
+            for t, s in zip(eval_batch.trajectories, eval_batch.scores, strict=True):
+                replies = [st.text for st in t.steps if isinstance(st, LLMStep) and st.node == comp]
+                records.append({
+                    "Inputs": t.input,
+                    "Generated Outputs": "\n---\n".join(replies) or "(the node did not run)",
+                    "Feedback": _verdict(t, s, self.answers.get(t.input_id, "?")),
+                })
+            out[comp] = records
+        return out
+
+
+def _verdict(t: Trajectory, reward: float, answer: str) -> str:
+    parts = [f"score {reward:.2f}; the correct answer is {answer}; the agent's final output: {t.output!r}"]
+    if t.error:
+        parts.append(f"error: {t.error}")
+    if t.feedback:
+        parts.append(t.feedback)
+    return ". ".join(parts)
+
+
+class _Reflection:
+    """GEPA's reflection LM: one completion of the mutator backend per prompt."""
+
+    def __init__(self, backend: Backend, loop: asyncio.AbstractEventLoop) -> None:
+        self.backend, self.loop, self.n = backend, loop, 0
+
+    def __call__(self, prompt: str | list[Message]) -> str:
+        messages = tuple(prompt) if isinstance(prompt, list) else ({"role": "user", "content": prompt},)
+        self.n += 1
+        req = GenerationRequest(messages, REFLECTION_TOKENS, REFLECTION_TEMPERATURE, seed=self.n)
+        (gen,) = asyncio.run_coroutine_threadsafe(self.backend.generate([req]), self.loop).result()
+        return gen.text
+
+
+async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int) -> dict[str, Any]:
+    """GEPA on ``seed``'s system texts until the models generated ``budget`` completions; the
+    best candidate by val is scored on test once."""
+    import gepa
+
+    splits = splits_of(spec)
+    policy = make_backend(spec.policy)
+    mutator = policy if spec.mutator is None or spec.mutator == spec.policy else make_backend(spec.mutator)
+    backends = [policy] if mutator is policy else [policy, mutator]
+    ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed, concurrency=spec.concurrency)
+    evaluator = LocalEvaluator(ctx, spec.task.reward)
+    loop = asyncio.get_running_loop()
+    answers = {e.id: e.answer for part in splits.values() for e in part}
+    adapter = EvoagentAdapter(seed, evaluator, loop, answers)
+    components = {n.id: n.system for n in seed.nodes if isinstance(n, LLMNode)}
+    spent = lambda: sum(b.usage.calls for b in backends)  # noqa: E731
+
+    class _Silent:
+        def log(self, message: str) -> None: ...
+
+    start = time.perf_counter()
+    try:
+        result = await asyncio.to_thread(
+            gepa.optimize,
+            seed_candidate=components, trainset=list(splits["train"]), valset=list(splits["val"]),
+            adapter=adapter, reflection_lm=_Reflection(mutator, loop),
+            stop_callbacks=[lambda _state: spent() >= budget], logger=_Silent(), seed=spec.seed,
+        )
+        calls, tokens = spent(), sum(b.usage.tokens for b in backends)
+        wall = time.perf_counter() - start
+        best = with_systems(seed, dict(result.best_candidate))
+        test = await evaluator.evaluate(best, splits["test"])
+    finally:
+        await ctx.user.aclose()
+        for b in backends:
+            await b.aclose()
+    return {
+        "test": test.score, "val": float(result.val_aggregate_scores[result.best_idx]),
+        "calls": calls, "tokens": tokens, "wall_s": round(wall, 1),
+        "candidates": result.num_candidates, "best_graph": best.model_dump(mode="json"),
+        "per_input": per_input(test),
+    }
+
+
+# -- TRL GRPO --------------------------------------------------------------------------------
+def prompt_of(node: LLMNode, text: str) -> list[Message]:
+    """The chat evoagent's executor sends ``node`` for input ``text`` (system, demos, input)."""
+    messages: list[Message] = [{"role": "system", "content": node.system}] if node.system else []
+    for d in node.demos:
+        messages += [{"role": "user", "content": d.input}, {"role": "assistant", "content": d.output}]
+    return messages + [{"role": "user", "content": node.template.format(input=text)}]
+
+
+def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float) -> dict[str, Any]:
+    """TRL's GRPOTrainer on ``seed``'s prompts for ``budget`` sampled completions (or until
+    ``max_minutes``), the task's GRPO settings; then the seed program is tested on the trained
+    weights through evoagent's backend."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from evoagent.rl.policy import LORA_TARGETS
+
+    llm = [n for n in seed.nodes if isinstance(n, LLMNode)]
+    if len(seed.nodes) != 1 or len(llm) != 1:
+        raise SystemExit(f"trl_grpo: the seed agent {seed.name!r} must be one llm node (TRL trains a "
+                         "single prompt -> completion policy)")
+    node, rl = llm[0], spec.rl
+    splits = splits_of(spec)
+    by_id = {e.id: e for e in splits["train"]}
+    backend = make_backend(spec.policy)
+    per_step = rl.inputs_per_step * rl.oversample * rl.group_size
+    steps = max(1, budget // per_step)
+    lengths: list[float] = []
+
+    def reward(completions: list[list[Message]], id: list[str], **_: Any) -> list[float]:
+        async def all_() -> list[float]:
+            scored = [score(c[0]["content"], by_id[i], spec.task.reward) for c, i in zip(completions, id, strict=True)]
+            return [float(s[0]) for s in await asyncio.gather(*scored)]
+        return asyncio.run(all_())
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if time.perf_counter() - self.t0 > max_minutes * 60:
+                control.should_training_stop = True
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
+
+    rows = [{"prompt": prompt_of(node, e.input), "id": e.id} for e in splits["train"]]
+    repeats = math.ceil(steps * per_step / rl.group_size / len(rows)) + 1
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(
+            output_dir=tmp, use_cpu=not _cuda(), bf16=spec.policy.dtype == "bfloat16", max_steps=steps,
+            per_device_train_batch_size=per_step, num_generations=rl.group_size,
+            max_completion_length=node.max_tokens, learning_rate=rl.lr, temperature=rl.temperature,
+            logging_steps=1, report_to="none", save_strategy="no", seed=spec.seed,
+            gradient_checkpointing=rl.gradient_checkpointing,
+        )
+        trainer = GRPOTrainer(
+            model=backend.trainable_model(), processing_class=backend.tokenizer,  # type: ignore[attr-defined]
+            reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows * repeats),
+            callbacks=[Clock()],
+            peft_config=LoraConfig(r=rl.lora_rank, lora_alpha=rl.lora_alpha, lora_dropout=0.0,
+                                   target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"),
+        )
+        start = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - start
+        done = trainer.state.global_step
+
+    async def test() -> Evaluation:
+        backend.sync_weights(trainer.model)  # type: ignore[attr-defined]
+        backend.weights_version = 1
+        ctx = ExecContext(backend, ToolContext(spec.sandbox), seed=spec.seed, concurrency=spec.concurrency)
+        try:
+            return await LocalEvaluator(ctx, spec.task.reward).evaluate(seed, splits["test"])
+        finally:
+            await ctx.user.aclose()
+            await backend.aclose()
+
+    ev = asyncio.run(test())
+    return {
+        "test": ev.score, "calls": done * per_step, "tokens": round(sum(lengths[:done]) * per_step),
+        "wall_s": round(wall, 1), "steps": done, "steps_planned": steps, "per_input": per_input(ev),
+    }
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
