@@ -6,7 +6,8 @@ only the method differs: the same policy backend, task, reward and splits.
   evoagent's executor and shows GEPA's reflection LM each node's replies plus the reward's
   verdict and feedback. The reflection LM is the task's mutator backend (the same model and
   sampling as evoagent's ``reflective_rewrite``). Stops when the models have generated the
-  budget's completions.
+  budget's completions, or at a wall-clock cap: GEPA proposes one candidate at a time, so on
+  a CPU its reflection calls run one by one, unbatched.
 - ``trl_grpo_row``: TRL's ``GRPOTrainer`` training the policy's weights (LoRA, the task's RL
   settings) on the seed agent's prompts, the program left as it is; then the trained adapter
   is served by evoagent's backend for the test.
@@ -125,9 +126,9 @@ class _Reflection:
         return gen.text
 
 
-async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int) -> dict[str, Any]:
-    """GEPA on ``seed``'s system texts until the models generated ``budget`` completions; the
-    best candidate by val is scored on test once."""
+async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float) -> dict[str, Any]:
+    """GEPA on ``seed``'s system texts until the models generated ``budget`` completions (or
+    ``max_minutes`` passed); the best candidate by val is scored on test once."""
     import gepa
 
     splits = splits_of(spec)
@@ -146,12 +147,13 @@ async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int) -> dict[str, An
         def log(self, message: str) -> None: ...
 
     start = time.perf_counter()
+    stop = lambda _state: spent() >= budget or time.perf_counter() - start > max_minutes * 60  # noqa: E731
     try:
         result = await asyncio.to_thread(
             gepa.optimize,
             seed_candidate=components, trainset=list(splits["train"]), valset=list(splits["val"]),
             adapter=adapter, reflection_lm=_Reflection(mutator, loop),
-            stop_callbacks=[lambda _state: spent() >= budget], logger=_Silent(), seed=spec.seed,
+            stop_callbacks=[stop], logger=_Silent(), seed=spec.seed,
         )
         calls, tokens = spent(), sum(b.usage.tokens for b in backends)
         wall = time.perf_counter() - start

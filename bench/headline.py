@@ -12,7 +12,10 @@ splits, each in its own process:
 
 The budget is what the joint row spends, counted in completions the models generated (policy
 and mutator; cache hits are free): every other search row gets it (``evolve.max_calls``, GEPA's
-stopper, TRL's steps), and each row reports what it spent (``calls``, ``tokens``). The test
+stopper, TRL's steps), and each row reports what it spent (``calls``, ``tokens``). GEPA and
+TRL also stop at a wall-clock cap (``--gepa-minutes``, ``--trl-minutes``): on a CPU both are
+far slower per completion than evoagent's batched rows, and a row stopped early says so by
+spending fewer calls than the budget. The test
 split is scored once per row; 95% CIs come from a paired bootstrap over the test inputs (the
 rows see the same inputs), for each row and for joint minus the best other row. Writes
 ``bench/results/headline.json`` and ``bench/results/headline.md`` (the README's table) only
@@ -116,7 +119,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         import baselines
 
         if args.row == "gepa":
-            return asyncio.run(baselines.gepa_row(spec, seed, args.budget))
+            return asyncio.run(baselines.gepa_row(spec, seed, args.budget, args.gepa_minutes))
         return baselines.trl_grpo_row(spec, seed, args.budget, args.trl_minutes)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -124,7 +127,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
 
 def spawn(task: str, row: str, opts: argparse.Namespace, budget: int | None, seed_graph: Path) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--task", task, "--row", row, "--seed-graph", str(seed_graph),
-           "--trl-minutes", str(opts.trl_minutes)]
+           "--trl-minutes", str(opts.trl_minutes), "--gepa-minutes", str(opts.gepa_minutes)]
     if budget is not None:
         cmd += ["--budget", str(budget)]
     if opts.model is not None:
@@ -234,7 +237,8 @@ def main() -> None:
     ap.add_argument("--require-signal", action="store_true",
                     help="refuse tasks whose seeds all score 0 even with --quick (always on without it)")
     ap.add_argument("--out", help="results folder (default bench/results; --quick: a temporary one)")
-    ap.add_argument("--trl-minutes", type=float, default=12.0, help="wall-clock cap of the TRL row")
+    ap.add_argument("--trl-minutes", type=float, default=10.0, help="wall-clock cap of the TRL row")
+    ap.add_argument("--gepa-minutes", type=float, default=10.0, help="wall-clock cap of the GEPA row")
     for hidden in ("--task", "--row", "--seed-graph", "--model"):  # internal: one row in this process
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=int, help=argparse.SUPPRESS)

@@ -3,9 +3,11 @@
 A task gives a learning signal only if its seeds score somewhere between 0 and 1 (a GRPO
 group whose samples all score 0 has no gradient); this measures it on the embedded model (or
 the task's own policy) and writes ``bench/results/seed_scores_<task name>.json``: per seed
-graph, val and test scores, agent executions, generated tokens and seconds.
+graph, val and test scores, agent executions, generated tokens and seconds. With
+``--samples N`` it also draws N executions of each seed per test input at ``--temperature`` and
+reports the unbiased pass@1 and pass@N (for agents that sample, e.g. code on HumanEval).
 
-    python bench/seed_scores.py examples/equations/task.yaml [more task files]
+    python bench/seed_scores.py examples/equations/task.yaml [more task files] [--samples 4]
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from results_io import write_results  # bench/ is sys.path[0] when a script runs
 
 from evoagent import runner
-from evoagent.execute.evaluate import evaluate
+from evoagent.execute.evaluate import evaluate, sampled_pass_at_k
 from evoagent.execute.executor import ExecContext
 from evoagent.graph import load_graph
 from evoagent.llm.backend import make_backend
@@ -31,7 +33,7 @@ from evoagent.tools import ToolContext
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def seed_scores(task: str) -> dict[str, object]:
+async def seed_scores(task: str, samples: int, temperature: float) -> dict[str, object]:
     spec = runner.prepare(task, output=tempfile.mkdtemp(prefix="evoagent-bench-"))
     parts = split(load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir)), spec.task.splits, spec.seed)
     backend = make_backend(spec.policy)
@@ -46,6 +48,12 @@ async def seed_scores(task: str) -> dict[str, object]:
                 ev = await evaluate(graph, parts[name], ctx, spec.task.reward)
                 row[name] = {"score": ev.score, "executions": ev.n, "tokens": ev.tokens,
                              "seconds": round(time.perf_counter() - start, 1)}
+            if samples > 1:
+                ks = (1, samples)
+                got = await sampled_pass_at_k(graph, parts["test"], ctx, spec.task.reward, samples, ks, temperature)
+                row["test_pass_at_k"] = {"samples": samples, "temperature": temperature,
+                                         **{f"pass@{k}": round(v, 4) for k, v in got.items()}}
+                print(f"{spec.name}: seed {graph.name}: test {row['test_pass_at_k']}", flush=True)
             seeds[graph.name] = row
             print(f"{spec.name}: seed {graph.name}: val {row['val']['score']:.3f}, "  # type: ignore[index]
                   f"test {row['test']['score']:.3f}", flush=True)  # type: ignore[index]
@@ -58,8 +66,11 @@ async def seed_scores(task: str) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tasks", nargs="+")
-    for task in ap.parse_args().tasks:
-        figures = asyncio.run(seed_scores(task))
+    ap.add_argument("--samples", type=int, default=1, help="executions per test input for pass@k")
+    ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature for pass@k")
+    args = ap.parse_args()
+    for task in args.tasks:
+        figures = asyncio.run(seed_scores(task, args.samples, args.temperature))
         write_results(f"seed_scores_{figures['name']}", figures)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from evoagent.execute.executor import ExecContext, execute
@@ -111,6 +111,33 @@ async def evaluate(
     start = time.perf_counter()
     trajs = await rollout([(graph, ex, 0) for ex in examples], ctx, reward, on_done)
     return Evaluation.of(trajs, version, time.perf_counter() - start)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of Chen et al. (2021): the chance that k of ``n`` samples, ``c`` of
+    them correct, hold at least one correct one, ``1 - C(n-c, k) / C(n, k)``, computed as a
+    product so large ``n`` does not overflow."""
+    if not 0 < k <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n samples, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    out = 1.0
+    for i in range(n - c + 1, n + 1):
+        out *= 1.0 - k / i
+    return 1.0 - out
+
+
+async def sampled_pass_at_k(
+    graph: AgentGraph, examples: Sequence[Example], ctx: ExecContext, reward: RewardConfig,
+    samples: int, ks: Sequence[int], temperature: float,
+) -> dict[int, float]:
+    """pass@k of ``graph`` averaged over ``examples``, from ``samples`` executions of each at
+    ``temperature`` (every node samples; a reward of 1 passes): for agents that sample, where
+    pass@1 of one greedy run says little."""
+    hot = replace(ctx, temperature=temperature)
+    trajs = await rollout([(graph, ex, s) for ex in examples for s in range(samples)], hot, reward)
+    passed = [sum((t.reward or 0.0) >= 1.0 for t in trajs[i : i + samples]) for i in range(0, len(trajs), samples)]
+    return {k: sum(pass_at_k(samples, c, k) for c in passed) / len(passed) for k in ks}
 
 
 OnDone = Callable[[], None] | None

@@ -1,0 +1,86 @@
+"""bench/headline.py: the six rows wired end to end on a tiny random model (the numbers are
+meaningless there, the plumbing is not), the paired bootstrap, and its refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "headline.py"
+TASK = "examples/chained_ops/task.yaml"
+sys.path.insert(0, str(ROOT / "bench"))
+
+import headline  # noqa: E402
+
+
+def run(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+    code = f"{prelude}import runpy, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); sys.argv = {[str(SCRIPT), *args]!r}; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
+
+
+@pytest.mark.slow
+def test_quick_runs_all_six_rows_at_the_joint_rows_budget(tmp_path):
+    pytest.importorskip("gepa")
+    pytest.importorskip("trl")
+    proc = run("--quick", "--tasks", TASK, "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    figures = json.loads((tmp_path / "headline.json").read_text())
+    task = figures["tasks"]["chained_ops"]
+    assert set(task["rows"]) == set(headline.ROWS)
+    budget = task["rows"]["joint"]["calls"]
+    for name, row in task["rows"].items():
+        assert 0.0 <= row["ci"][0] <= row["test"] <= row["ci"][1] <= 1.0
+        assert row["calls"] > 0 and row["tokens"] > 0 and row["wall_s"] >= 0
+        if name in ("gepa", "evolve", "rl"):  # they search until the joint row's budget is spent
+            assert row["calls"] >= budget
+    assert task["test_inputs"] == 4 and len(task["joint_minus_best_other"]) == 2
+    assert figures["quick"] is True and figures["versions"]["gepa"] != "not installed"
+    table = (tmp_path / "headline.md").read_text()
+    assert table.count("| chained_ops |") == 7 and "--quick" in table
+
+
+def test_an_unknown_row_or_a_missing_package_is_refused_before_anything_runs(tmp_path):
+    proc = run("--rows", "seed,bogus", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "--rows: unknown row(s) ['bogus']" in proc.stderr
+    proc = run("--rows", "seed,gepa,joint", "--out", str(tmp_path), prelude="import sys; sys.modules['gepa'] = None; ")
+    assert proc.returncode == 2
+    assert "the gepa row needs the gepa package" in proc.stderr and "evoagent-ml[bench]" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_task_whose_seeds_all_score_zero_is_refused_and_nothing_is_written(tmp_path):
+    proc = run("--quick", "--require-signal", "--rows", "seed", "--tasks", TASK, "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert "every seed agent scores 0 on val" in proc.stderr and "no learning signal" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def _row(rewards: list[float]) -> dict:
+    return {"per_input": {f"i{k}": r for k, r in enumerate(rewards)}, "calls": 1, "tokens": 1, "wall_s": 0.0}
+
+
+def test_paired_bootstrap_sees_a_consistent_gain_that_unpaired_scores_would_blur():
+    rng = np.random.default_rng(1)
+    hard = rng.random(64) < 0.5  # inputs every row finds hard
+    base = [float(not h and rng.random() < 0.8) for h in hard]
+    joint = [max(b, float(not h)) for b, h in zip(base, hard)]  # never worse, better on some
+    out = headline.summarize({"seed": _row(base), "joint": _row(joint)})
+    assert out["best_other"] == "seed"
+    lo, hi = out["joint_minus_best_other"]
+    assert 0 < lo <= hi
+    same = headline.summarize({"seed": _row(base), "joint": _row(base)})
+    assert same["joint_minus_best_other"] == [0.0, 0.0]
+
+
+def test_rows_tested_on_different_inputs_are_refused():
+    with pytest.raises(SystemExit, match="other inputs"):
+        headline.summarize({"seed": _row([1.0, 0.0]), "joint": _row([1.0, 0.0, 1.0])})
