@@ -42,7 +42,7 @@ class RLHook(Protocol):
 
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
-        on_step: Callable[[], None] | None = None,
+        on_step: Callable[[], None] | None = None, reserve: Sequence[AgentGraph] = (),
     ) -> RLPhaseResult: ...
 
     def restore(self, path: str, version: int) -> None: ...

@@ -372,9 +372,11 @@ class Search:
         ]
         pool = sorted(archived + children, key=lambda c: (-c.score, c.generation, c.id))
         graph = lambda c: graphs.get(c.id) or self.archive.graph(c.id)  # noqa: E731
-        elite = [graph(c) for c in pool[: self.spec.rl.elite]]
+        n = self.spec.rl.elite
+        elite = [graph(c) for c in pool[:n]]
+        reserve = [graph(c) for c in pool[n : n + self.spec.rl.spread_agents]]
         self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
-        res = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance)
+        res = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance, reserve)
         if res.archive:
             pending.trajectories.extend(("train", t, version) for t in res.rollouts)
         path, metrics = res.checkpoint, res.metrics

@@ -75,6 +75,12 @@ class RLConfig(BaseModel):
         "train on the inputs_per_step of them whose samples disagree (where GRPO has a gradient; "
         "DAPO's over-sampling); 1 = train on every input drawn",
     )
+    spread_agents: int = Field(
+        0, ge=0, le=8, description="archived agents ranked below the elite, rolled out on a step's "
+        "inputs where every elite sample scored the same; such an input's samples then form one "
+        "group across agents, so an input the elite always fail or always solve still has a "
+        "baseline and a gradient (0 = off)",
+    )
     rft_top_k: int = Field(1, ge=1, description="rft: successful episodes kept per group")
     temperature: float = Field(
         1.0, gt=0, description="sampling temperature; trainer logprobs use the same"

@@ -54,13 +54,24 @@ class PhaseResult:
 History = Callable[[Sequence[str]], list[Trajectory]]  # input ids -> archived train trajectories
 
 
-def _inputs_with_signal(trajs: Sequence[Trajectory]) -> set[str]:
-    """Inputs on which some (agent, input) group's rewards differ: the only ones a
-    group-relative advantage learns from."""
-    groups: dict[tuple[str, str], set[float]] = {}
+GroupOf = Callable[[Trajectory], tuple[str, ...]]
+
+
+def by_agent(t: Trajectory) -> tuple[str, ...]:
+    """The usual GRPO group: one agent's samples on one input."""
+    return (t.agent_id, t.input_id)
+
+
+def _inputs_with_signal(trajs: Sequence[Trajectory], group_of: GroupOf = by_agent) -> set[str]:
+    """Inputs on which some group's rewards differ: the only ones a group-relative advantage
+    learns from."""
+    groups: dict[tuple[str, ...], set[float]] = {}
+    inputs: dict[tuple[str, ...], str] = {}
     for t in trajs:
-        groups.setdefault((t.agent_id, t.input_id), set()).add(t.reward or 0.0)
-    return {input_id for (_, input_id), rewards in groups.items() if len(rewards) > 1}
+        key = group_of(t)
+        groups.setdefault(key, set()).add(t.reward or 0.0)
+        inputs[key] = t.input_id
+    return {inputs[key] for key, rewards in groups.items() if len(rewards) > 1}
 
 
 class RLPhase:
@@ -108,9 +119,13 @@ class RLPhase:
 
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
-        on_step: Callable[[], None] | None = None,
+        on_step: Callable[[], None] | None = None, reserve: Sequence[AgentGraph] = (),
     ) -> PhaseResult:
         """Run ``rl.steps`` on-policy steps and checkpoint.
+
+        ``reserve`` (``rl.spread_agents``): other archived agents, rolled out on the inputs
+        where the elite's samples all scored the same; on those inputs the group is the input
+        (every agent's samples), elsewhere it is (agent, input).
 
         A sample whose reward failed or whose episode outgrew the context window is left out
         and counted (``skipped_reward``, ``skipped_context``); a step without any signal (all
@@ -130,16 +145,25 @@ class RLPhase:
             trajs = await rollout([
                 (g, ex, first + k) for g in elite for ex in inputs for k in range(self.cfg.group_size)
             ], self.ctx, self.reward)
+            flat: set[str] = set()
+            if reserve:
+                flat = {ex.id for ex in inputs} - _inputs_with_signal([t for t in trajs if t.skip is None])
+                trajs += await rollout([
+                    (g, ex, first + k) for g in reserve for ex in inputs if ex.id in flat
+                    for k in range(self.cfg.group_size)
+                ], self.ctx, self.reward)
+            group_of: GroupOf = lambda t: (t.input_id,) if t.input_id in flat else by_agent(t)  # noqa: E731
             earlier = list(rollouts)
             rollouts.extend(trajs)
             usable = [t for t in trajs if t.skip is None]
             rewards = [t.reward or 0.0 for t in usable] or [0.0]
-            spread = _inputs_with_signal(usable)
+            spread = _inputs_with_signal(usable, group_of)
             row: dict[str, float] = {
                 "step": float(step),
                 "reward_mean": sum(rewards) / len(rewards),
                 "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
                 "inputs_with_signal": float(len(spread)),
+                "inputs_spread_by_reserve": float(len(spread & flat)),
                 **{f"skipped_{why}": 0.0 for why in SKIPS},
             }
             if self.cfg.oversample > 1:  # train on the inputs where the samples disagree
@@ -151,7 +175,7 @@ class RLPhase:
                     row[f"skipped_{t.skip}"] = row.get(f"skipped_{t.skip}", 0.0) + 1
             per_step.append(row)
             try:
-                metrics = await self._step(trainer, usable, earlier, inputs)
+                metrics = await self._step(trainer, usable, earlier, inputs, group_of)
             except RLError as e:
                 raise RLError(f"RL step {step} of generation {generation}: {e}") from e
             if metrics is not None:
@@ -176,7 +200,7 @@ class RLPhase:
 
     async def _step(
         self, trainer: Trainer, usable: list[Trajectory], earlier: list[Trajectory],
-        inputs: Sequence[Example],
+        inputs: Sequence[Example], group_of: GroupOf = by_agent,
     ) -> dict[str, float] | None:
         """One optimizer step on this step's samples (``earlier``: this phase's previous
         rollouts, not archived yet); None when they carry no signal."""
@@ -195,7 +219,7 @@ class RLPhase:
         if self.cfg.algorithm == RFT and self.history is not None:
             older = self.history([ex.id for ex in inputs])
             usable = usable + [t for t in older if t.skip is None and (t.reward or 0.0) >= 1.0]
-        steps, advs, eps = episode_advantages(usable, lambda t: (t.agent_id, t.input_id), self.cfg)
+        steps, advs, eps = episode_advantages(usable, group_of, self.cfg)
         if not steps:
             return None  # every group had equal rewards: no gradient (DAPO dynamic sampling)
         return await asyncio.to_thread(trainer.train_step, build_batch(steps, advs, pad, eps))

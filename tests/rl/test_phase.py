@@ -27,8 +27,8 @@ def parity(answer: str, example) -> float:
 
 
 def phase(backend, tmp_path, **cfg) -> RLPhase:
-    cfg.setdefault("dynamic_sampling", False)
-    cfg = RLConfig(enabled=True, group_size=4, inputs_per_step=2, steps=2, lr=5e-2, **cfg)
+    cfg = {"dynamic_sampling": False, "steps": 2, **cfg}
+    cfg = RLConfig(enabled=True, group_size=4, inputs_per_step=2, lr=5e-2, **cfg)
     ctx = ExecContext(backend, ToolContext(), seed=0)
     reward = RewardConfig(kind="python", ref=f"{__name__}:parity", extract="raw")
     return RLPhase(cfg, backend, ctx, reward, tmp_path, seed=0)
@@ -165,9 +165,9 @@ def test_oversampling_trains_where_the_samples_disagree(tiny_backend, tmp_path):
     trained: list[set[str]] = []
     step = rl._step
 
-    async def spy(trainer, usable, earlier, inputs):
+    async def spy(trainer, usable, earlier, inputs, group_of):
         trained.append({t.input_id for t in usable})
-        return await step(trainer, usable, earlier, inputs)
+        return await step(trainer, usable, earlier, inputs, group_of)
 
     rl._step = spy
     train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(12)]
@@ -194,3 +194,30 @@ def test_rft_learns_from_the_archives_successes_when_fresh_samples_all_fail(tiny
 
     assert later(None) == 0  # every fresh sample fails: nothing to imitate
     assert later(lambda ids: [t for t in first.rollouts if t.input_id in ids]) == 2
+
+
+def is_two(answer: str, example) -> float:
+    return float(answer.strip() == "2")
+
+
+def test_reserve_agents_give_a_gradient_where_the_elite_all_agree(tiny_backend, tmp_path):
+    """rl.spread_agents: the elite (a fixed calculator call) solves every input, so its groups
+    carry nothing; a weaker archived agent rolled out on those inputs joins one group per input,
+    and its failures now train the policy (negative advantage against the elite's successes)."""
+    from evoagent.graph.model import AgentGraph, ToolNode
+
+    always = AgentGraph(name="always", entry="calc", exit="calc",
+                        nodes=(ToolNode(id="calc", tool="calculator", template="1 + 1"),))
+    train = [Example(str(i), f"Calculate {i} + 1.", "2") for i in range(4)]
+
+    def run(reserve):
+        rl = phase(tiny_backend(), tmp_path, dynamic_sampling=True, steps=1)
+        rl.reward = RewardConfig(kind="python", ref=f"{__name__}:is_two", extract="raw")
+        return asyncio.run(rl.train([always], train, generation=1, reserve=reserve))
+
+    alone = run(())
+    assert alone.metrics["steps_trained"] == 0 and alone.metrics["inputs_with_signal"] == 0
+    spread = run([GRAPH])
+    assert spread.metrics["inputs_spread_by_reserve"] == 2  # both inputs of the step
+    assert spread.metrics["steps_trained"] == 1
+    assert {t.agent_id for t in spread.rollouts} == {always.id, GRAPH.id}
