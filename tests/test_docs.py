@@ -83,3 +83,10 @@ def test_the_operator_example_registers_and_follows_its_contract():
     assert "CAPITALS" in child.node(child.exit).system and child.id != parent.id
     with pytest.raises(MutationError, match="already shouting"):
         asyncio.run(op.apply([child], ctx))
+
+
+def test_the_readme_shows_the_headline_table_bench_headline_wrote():
+    table = (ROOT / "bench" / "results" / "headline.md").read_text()
+    assert table in (ROOT / "README.md").read_text(), (
+        "README's headline table is stale: paste bench/results/headline.md into it"
+    )

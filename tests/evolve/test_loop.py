@@ -199,7 +199,7 @@ class FakeRL:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    async def train(self, elite, train, generation, on_step=None):
+    async def train(self, elite, train, generation, on_step=None, reserve=()):
         from types import SimpleNamespace
 
         path = self.root / f"ckpt-{generation}"

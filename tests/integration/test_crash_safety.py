@@ -131,7 +131,12 @@ def test_sigkill_in_every_phase_then_resume_matches_an_uninterrupted_run(tmp_pat
         versions = [r[0] for r in db.execute("SELECT weights_version FROM rl_checkpoints")]
     assert versions == [1, 2]
     assert snapshot(cut) == snapshot(refdir)
-    assert json.loads((cut / "result.json").read_text()) == json.loads((refdir / "result.json").read_text())
+    cut_result, ref_result = (json.loads((d / "result.json").read_text()) for d in (cut, refdir))
+    # The spent budget counts the model work done: a restarted process begins with an empty
+    # completion cache, so what the uninterrupted run got from its cache is generated again.
+    assert cut_result.pop("calls") >= ref_result.pop("calls")
+    assert cut_result.pop("tokens") >= ref_result.pop("tokens")
+    assert cut_result == ref_result
 
 
 def test_ctrl_c_stops_cleanly_says_how_to_resume_and_one_writer_only(tmp_path, tiny_model_dir):
