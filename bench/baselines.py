@@ -24,10 +24,10 @@ import time
 from typing import Any
 
 from evoagent.execute.evaluate import Evaluation, LocalEvaluator
-from evoagent.execute.executor import ExecContext
+from evoagent.execute.executor import ExecContext, llm_messages
 from evoagent.execute.trajectory import LLMStep, Trajectory
 from evoagent.graph.model import AgentGraph, LLMNode
-from evoagent.llm.backend import Backend, make_backend
+from evoagent.llm.backend import Backend, make_backend, make_backends, total_usage
 from evoagent.llm.types import GenerationRequest, Message
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, load_examples, split
@@ -132,16 +132,14 @@ async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: fl
     import gepa
 
     splits = splits_of(spec)
-    policy = make_backend(spec.policy)
-    mutator = policy if spec.mutator is None or spec.mutator == spec.policy else make_backend(spec.mutator)
-    backends = [policy] if mutator is policy else [policy, mutator]
+    policy, mutator = make_backends(spec.policy, spec.mutator)
     ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed, concurrency=spec.concurrency)
     evaluator = LocalEvaluator(ctx, spec.task.reward)
     loop = asyncio.get_running_loop()
     answers = {e.id: e.answer for part in splits.values() for e in part}
     adapter = EvoagentAdapter(seed, evaluator, loop, answers)
     components = {n.id: n.system for n in seed.nodes if isinstance(n, LLMNode)}
-    spent = lambda: sum(b.usage.calls for b in backends)  # noqa: E731
+    spent = lambda: total_usage([policy, mutator]).calls  # noqa: E731
 
     class _Silent:
         def log(self, message: str) -> None: ...
@@ -155,31 +153,24 @@ async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: fl
             adapter=adapter, reflection_lm=_Reflection(mutator, loop),
             stop_callbacks=[stop], logger=_Silent(), seed=spec.seed,
         )
-        calls, tokens = spent(), sum(b.usage.tokens for b in backends)
+        used = total_usage([policy, mutator])
         wall = time.perf_counter() - start
         best = with_systems(seed, dict(result.best_candidate))
         test = await evaluator.evaluate(best, splits["test"])
     finally:
         await ctx.user.aclose()
-        for b in backends:
-            await b.aclose()
+        await policy.aclose()
+        if mutator is not policy:
+            await mutator.aclose()
     return {
         "test": test.score, "val": float(result.val_aggregate_scores[result.best_idx]),
-        "calls": calls, "tokens": tokens, "wall_s": round(wall, 1),
+        "calls": used.calls, "tokens": used.tokens, "wall_s": round(wall, 1),
         "candidates": result.num_candidates, "best_graph": best.model_dump(mode="json"),
         "per_input": per_input(test),
     }
 
 
 # -- TRL GRPO --------------------------------------------------------------------------------
-def prompt_of(node: LLMNode, text: str) -> list[Message]:
-    """The chat evoagent's executor sends ``node`` for input ``text`` (system, demos, input)."""
-    messages: list[Message] = [{"role": "system", "content": node.system}] if node.system else []
-    for d in node.demos:
-        messages += [{"role": "user", "content": d.input}, {"role": "assistant", "content": d.output}]
-    return messages + [{"role": "user", "content": node.template.format(input=text)}]
-
-
 def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float) -> dict[str, Any]:
     """TRL's GRPOTrainer on ``seed``'s prompts for ``budget`` sampled completions (or until
     ``max_minutes``), the task's GRPO settings; then the seed program is tested on the trained
@@ -221,7 +212,9 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
 
-    rows = [{"prompt": prompt_of(node, e.input), "id": e.id} for e in splits["train"]]
+    # the chat evoagent's executor sends the node (the seed is one node: no upstream outputs)
+    rows = [{"prompt": llm_messages(node, node.template.format(input=e.input)), "id": e.id}
+            for e in splits["train"]]
     repeats = math.ceil(steps * per_step / rl.group_size / len(rows)) + 1
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(

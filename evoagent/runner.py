@@ -12,7 +12,7 @@ from evoagent.errors import ArchiveError, SpecError
 from evoagent.evolve.hooks import NullReporter, Reporter, SearchResult
 from evoagent.evolve.loop import Search
 from evoagent.graph.io import dump_graph
-from evoagent.llm.backend import backend_entry, make_backend
+from evoagent.llm.backend import backend_entry, make_backends
 from evoagent.rl.phase import RLPhase
 from evoagent.spec import check_spec, load_spec
 from evoagent.spec.config import RunSpec
@@ -96,8 +96,7 @@ async def run(spec: RunSpec, reporter: Reporter | None = None, ray: RayOptions |
         from evoagent.distributed.ray_evaluator import RayEvaluator
 
         evaluator = RayEvaluator(spec, ray.address, ray.workers, (reporter or NullReporter()).log)
-    policy = make_backend(spec.policy)
-    mutator = policy if spec.mutator is None or spec.mutator == spec.policy else make_backend(spec.mutator)
+    policy, mutator = make_backends(spec.policy, spec.mutator)
     with Archive(spec.run_dir) as archive:
         search = Search(spec, policy, mutator, archive, reporter, evaluator=evaluator)
         if spec.rl.enabled:

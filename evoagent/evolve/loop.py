@@ -29,7 +29,7 @@ from evoagent.execute.evaluate import Evaluation, Evaluator, LocalEvaluator
 from evoagent.execute.executor import ExecContext, request_seed
 from evoagent.execute.trajectory import SKIPS, Trajectory
 from evoagent.graph import AgentGraph, graph_from_dict, load_graph, validate
-from evoagent.llm.backend import Backend
+from evoagent.llm.backend import Backend, total_usage
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, load_examples, split
 from evoagent.tools import ToolContext, known_tools
@@ -116,10 +116,9 @@ class Search:
 
     def usage(self) -> tuple[int, int]:
         """(completions, tokens) the policy and mutator models generated in this run so far."""
-        backends = [self.policy] if self.mutator is self.policy else [self.policy, self.mutator]
+        now = total_usage([self.policy, self.mutator])
         calls, tokens = self._spent_before
-        return (calls + sum(b.usage.calls for b in backends),
-                tokens + sum(b.usage.tokens for b in backends))
+        return calls + now.calls, tokens + now.tokens
 
     def _budget_spent(self, gen: int) -> bool:
         cap = self.spec.evolve.max_calls

@@ -204,13 +204,19 @@ def _temperature(node: LLMNode | LoopNode, ctx: ExecContext) -> float:
     return node.temperature if ctx.temperature is None else ctx.temperature
 
 
-async def _llm(
-    node: LLMNode, user: str, ctx: ExecContext, seed: tuple, traj: Trajectory, clock: _Clock
-) -> list[str]:
+def llm_messages(node: LLMNode, user: str) -> list[Message]:
+    """The chat an ``llm`` node sends: its system text, its demos as earlier turns, then
+    ``user`` (its filled template)."""
     messages: list[Message] = [{"role": "system", "content": node.system}] if node.system else []
     for d in node.demos:
         messages += [{"role": "user", "content": d.input}, {"role": "assistant", "content": d.output}]
-    messages.append({"role": "user", "content": user})
+    return messages + [{"role": "user", "content": user}]
+
+
+async def _llm(
+    node: LLMNode, user: str, ctx: ExecContext, seed: tuple, traj: Trajectory, clock: _Clock
+) -> list[str]:
+    messages = llm_messages(node, user)
     temp = _temperature(node, ctx)
     n = node.samples if temp > 0 else 1  # greedy samples would all be equal
     reqs = [

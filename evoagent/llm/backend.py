@@ -99,6 +99,22 @@ def make_backend(cfg: BackendConfig) -> Backend:
     return backend_entry(cfg.kind).factory(cfg)
 
 
+def make_backends(policy: BackendConfig, mutator: BackendConfig | None) -> tuple[Backend, Backend]:
+    """The policy and mutator backends; one object serves both when the mutator is unset or
+    configured like the policy (one model in memory, one cache)."""
+    served = make_backend(policy)
+    return served, served if mutator is None or mutator == policy else make_backend(mutator)
+
+
+def total_usage(backends: Sequence[Backend]) -> Usage:
+    """What these backends' models generated together (a backend listed twice counts once)."""
+    out = Usage()
+    for b in {id(b): b for b in backends}.values():
+        out.calls += b.usage.calls
+        out.tokens += b.usage.tokens
+    return out
+
+
 def _load_builtins() -> None:
     """Import the built-in backends lazily so torch loads only when a model is wanted."""
     from evoagent.llm import hf, openai, scripted, vllm  # noqa: F401
