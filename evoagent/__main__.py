@@ -1,5 +1,5 @@
 """``python -m evoagent`` is the ``evoagent`` command."""
 
-from evoagent.cli import app
+from evoagent.cli import main
 
-app()
+main()

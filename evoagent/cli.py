@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -39,7 +40,7 @@ def run(
     ),
     ray: str | None = typer.Option(
         None, "--ray", help="evaluate candidates on Ray workers: a cluster ADDRESS, or 'local' "
-        "to start one for this run (needs evoagent-ml[distributed])",
+        "(or nothing) to start one for this run (needs evoagent-ml\\[distributed])",
     ),
     ray_workers: int = typer.Option(2, "--ray-workers", min=1, help="Ray workers, each with a backend"),
 ) -> None:
@@ -311,3 +312,19 @@ def replay(
                           f"-> {escape(step.output)!r} [{escape(state)}]")
     console.print(f"[bold]output:[/] {escape(traj.output)}"
                   + (f"  [red]error: {escape(traj.error)}[/]" if traj.error else ""))
+
+
+def with_bare_ray(args: list[str]) -> list[str]:
+    """``args`` with a bare ``--ray`` (last, or followed by another option) read as ``--ray
+    local``: typer options cannot take an optional value."""
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--ray" and (i + 1 == len(out) or out[i + 1].startswith("-")):
+            out.insert(i + 1, "local")
+    return out
+
+
+def main() -> None:
+    """The ``evoagent`` command."""
+    app(args=with_bare_ray(sys.argv[1:]), prog_name="evoagent")
+

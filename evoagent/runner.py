@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evoagent.archive.store import DB_NAME, Archive
-from evoagent.errors import ArchiveError, SpecError
+from evoagent.errors import ArchiveError
 from evoagent.evolve.hooks import NullReporter, Reporter, SearchResult
 from evoagent.evolve.loop import Search
 from evoagent.graph.io import dump_graph
@@ -89,9 +89,6 @@ async def run(spec: RunSpec, reporter: Reporter | None = None, ray: RayOptions |
     if runs_code and (warning := check_sandbox(spec.sandbox)):
         (reporter or NullReporter()).log(f"warning: {warning}")
     evaluator = None
-    if ray is not None and spec.evolve.max_calls is not None:
-        raise SpecError("evolve.max_calls counts the calls of this process's models, but with "
-                        "--ray the evaluations run on the workers: drop one of them")
     if ray is not None:  # the cluster first: an address that does not answer fails before a model loads
         from evoagent.distributed.ray_evaluator import RayEvaluator
 

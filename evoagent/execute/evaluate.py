@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from evoagent.execute.executor import ExecContext, execute
 from evoagent.execute.trajectory import Trajectory
 from evoagent.graph.model import AgentGraph
+from evoagent.llm.types import Usage
 from evoagent.spec.config import RewardConfig
 from evoagent.tasks.datasets import Example
 from evoagent.tasks.rewards import score
@@ -147,11 +148,14 @@ class Evaluator(Protocol):
     """Scores graphs for the search. ``evaluate`` returns one trajectory per example, in order,
     scored under the current weights version; a failing backend raises ``BackendError``.
     ``sync`` is told after weights changed (the trainable state dict and its version), so an
-    evaluator whose backends live elsewhere can load them."""
+    evaluator whose backends live elsewhere can load them; ``usage`` is what those backends
+    generated (the budget counts it with this process's)."""
 
     async def evaluate(self, graph: AgentGraph, examples: Sequence[Example], on_done: OnDone = None) -> Evaluation: ...
 
     async def sync(self, weights: dict[str, Any], version: int) -> None: ...
+
+    def usage(self) -> Usage: ...
 
     async def aclose(self) -> None: ...
 
@@ -168,6 +172,10 @@ class LocalEvaluator:
 
     async def sync(self, weights: dict[str, Any], version: int) -> None:
         return None
+
+    def usage(self) -> Usage:
+        """Nothing beyond the policy backend's own count: it is this process's."""
+        return Usage()
 
     async def aclose(self) -> None:
         return None

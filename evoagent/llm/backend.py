@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from evoagent.errors import BackendError
 from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.registry import Registry
 from evoagent.spec.config import BackendConfig
+
+if TYPE_CHECKING:
+    from evoagent.rl.config import RLConfig
 
 
 @runtime_checkable
@@ -49,37 +52,51 @@ class SupportsTraining(Protocol):
 B = TypeVar("B")
 BackendFactory = Callable[[BackendConfig], Backend]
 Preflight = Callable[[BackendConfig, str], None]  # (config, spec field) -> raises BackendError
+TrainCheck = Callable[[BackendConfig, "RLConfig"], str | None]  # -> why RL cannot train it, or None
 
 
 @dataclass(frozen=True)
 class BackendEntry:
-    """A registered backend: how to build it, whether RL can train it in place, and a cheap
-    check run before any model loads (a package missing, a server that does not answer)."""
+    """A registered backend: how to build it, whether RL can train it, and a cheap check run
+    before any model loads (a package missing, a server that does not answer)."""
 
     factory: BackendFactory
-    trainable: bool  # instances implement SupportsTraining (weights live in this process)
+    trainable: bool  # instances can implement SupportsTraining (RL trains a copy in this process)
     preflight: Preflight | None = None
+    train_check: TrainCheck | None = None  # what this backend needs of the policy and rl configs
 
 
 _REGISTRY: Registry[BackendEntry] = Registry("backend", BackendError)
 
 
 def register_backend(
-    name: str, *, trainable: bool = False, preflight: Preflight | None = None
+    name: str, *, trainable: bool = False, preflight: Preflight | None = None,
+    train_check: TrainCheck | None = None,
 ) -> Callable[[B], B]:
     """Register a backend factory (a class or function taking a ``BackendConfig``).
 
-    ``trainable=True`` promises that what the factory builds implements ``SupportsTraining``;
-    the spec check uses it to refuse ``rl.enabled`` on a backend that cannot be trained.
+    ``trainable=True`` promises that what the factory builds implements ``SupportsTraining``
+    (given a config ``train_check`` accepts); the spec check uses it to refuse ``rl.enabled``
+    on a backend that cannot be trained. ``train_check(policy, rl)`` returns why this policy
+    config cannot be trained under ``rl`` (a message naming the field), or None.
     ``preflight(cfg, field)`` runs before the search starts and raises ``BackendError``
     naming ``field`` when the backend cannot work.
     """
 
     def deco(factory: B) -> B:
-        _REGISTRY.add(name, BackendEntry(factory, trainable, preflight))  # type: ignore[arg-type]
+        _REGISTRY.add(name, BackendEntry(factory, trainable, preflight, train_check))  # type: ignore[arg-type]
         return factory
 
     return deco
+
+
+def lora_fits(policy: BackendConfig, rl: RLConfig) -> str | None:
+    """Train check of the backends that serve adapters (vllm, openai): the adapter RL trains
+    is one they can serve."""
+    if not rl.full_finetune and rl.lora_rank > policy.max_lora_rank:
+        return (f"rl.lora_rank: {rl.lora_rank} exceeds policy.max_lora_rank ({policy.max_lora_rank}), "
+                f"the largest adapter the {policy.kind} backend serves")
+    return None
 
 
 def known_backends() -> list[str]:

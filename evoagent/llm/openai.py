@@ -12,7 +12,12 @@ input's trajectory.
 Logprobs and token ids come back where the server gives them: ``logprobs: true`` is asked
 for, and ``return_token_ids: true`` (vLLM's extension; a server that refuses either is asked
 again without it, once, and remembered). Token-in (``prefix_ids``) is not possible over a chat
-API: the server renders the whole chat, so a continued turn reports no prompt ids.
+API: the server renders the whole chat, so a continued turn's prompt ids are the server's
+rendering, which need not extend the previous turn's ids (training then gives the turn a row
+of its own instead of joining the episode's).
+
+With ``weights`` set the policy is trained by RL: see ``evoagent.llm.served_lora`` (a local
+copy is trained, each adapter is loaded into the server and requests name it).
 
 The API key is read from the environment variable named by ``api_key_env`` when the backend
 is built and kept only in the client's headers: it is never in the spec, the archive, the
@@ -30,9 +35,10 @@ from typing import Any
 import httpx
 
 from evoagent.errors import BackendError
-from evoagent.llm.backend import register_backend
+from evoagent.llm.backend import Backend, lora_fits, register_backend
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.types import Generation, GenerationRequest, Usage
+from evoagent.rl.config import RLConfig
 from evoagent.spec.config import BackendConfig
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -55,7 +61,8 @@ def api_key(cfg: BackendConfig, field: str = "") -> str | None:
 
 
 def check_server(cfg: BackendConfig, field: str) -> None:
-    """Before the search: the server answers at ``base_url`` and serves ``model``."""
+    """Before the search: the server answers at ``base_url`` and serves ``model`` (and, when RL
+    trains it, can do what training needs: ``served_lora.check_trainable``)."""
     headers = _headers(api_key(cfg, field))
     url = f"{cfg.base_url}/models"
     try:
@@ -72,9 +79,34 @@ def check_server(cfg: BackendConfig, field: str) -> None:
         raise BackendError(f"{field}.base_url: {url} is not an OpenAI-compatible model list") from None
     if cfg.model not in served:
         raise BackendError(f"{field}.model: {cfg.model!r} is not served at {cfg.base_url}; it serves {served}")
+    if cfg.weights is not None:
+        from evoagent.llm.served_lora import check_trainable
+
+        check_trainable(cfg, field, headers)
 
 
-@register_backend("openai", preflight=check_server)
+def trainable(policy: BackendConfig, rl: RLConfig) -> str | None:
+    """Train check: RL over a served policy trains a LoRA adapter on a local copy."""
+    if policy.weights is None:
+        return ("policy.weights: RL over an openai policy trains a LoRA adapter on a local copy of "
+                "the served model and loads it into the server; name that copy ('embedded' or an "
+                "HF folder)")
+    if rl.full_finetune:
+        return ("rl.full_finetune: an openai policy is trained through LoRA adapters loaded into "
+                "its server; full fine-tuning cannot reach the server")
+    return lora_fits(policy, rl)
+
+
+@register_backend("openai", trainable=True, preflight=check_server, train_check=trainable)
+def openai_backend(cfg: BackendConfig) -> Backend:
+    """A served policy; with ``weights``, one RL can train (``served_lora.ServedPolicy``)."""
+    if cfg.weights is None:
+        return OpenAIBackend(cfg)
+    from evoagent.llm.served_lora import ServedPolicy
+
+    return ServedPolicy(cfg)
+
+
 class OpenAIBackend:
     """Serves ``GenerationRequest``s from an OpenAI-compatible chat server."""
 
@@ -88,6 +120,7 @@ class OpenAIBackend:
         self.extras = dict(EXTRAS)
         self.retried = 0
         self.usage = Usage()  # what the model generated (cache hits excluded)
+        self.served_model = cfg.model  # the name requests ask for (a trained adapter's, once synced)
         self._client: httpx.AsyncClient | None = None
         self._gate: asyncio.Semaphore | None = None
 
@@ -109,7 +142,7 @@ class OpenAIBackend:
         if self.cfg.system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.cfg.system_prompt})
         body: dict[str, Any] = {
-            "model": self.cfg.model, "messages": messages, "max_tokens": r.max_tokens,
+            "model": self.served_model, "messages": messages, "max_tokens": r.max_tokens,
             "temperature": r.temperature, "seed": r.seed % 2**31,
         }
         if r.stop:
@@ -124,7 +157,7 @@ class OpenAIBackend:
             logprobs = tuple(float(t["logprob"]) for t in content)
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(f"{self.cfg.base_url} answered a malformed completion: {e!r}") from None
-        prompt = tuple(data.get("prompt_token_ids") or ()) if r.prefix_ids is None else ()
+        prompt = tuple(data.get("prompt_token_ids") or ())
         if len(logprobs) != len(ids):
             ids, logprobs = (), ()  # only a matching pair is usable for training
         return Generation(text=text.strip(), prompt_ids=prompt, completion_ids=ids, logprobs=logprobs,

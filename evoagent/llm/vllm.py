@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from evoagent.errors import BackendError
-from evoagent.llm.backend import register_backend
+from evoagent.llm.backend import lora_fits, register_backend
 from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
@@ -61,7 +61,7 @@ def import_vllm() -> Any:
     return vllm
 
 
-@register_backend("vllm", trainable=True, preflight=vllm_installed)
+@register_backend("vllm", trainable=True, preflight=vllm_installed, train_check=lora_fits)
 class VLLMBackend:
     """Serves ``GenerationRequest``s from a vLLM engine held in this process."""
 

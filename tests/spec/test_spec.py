@@ -121,7 +121,8 @@ def test_rl_misconfiguration_fails_at_spec_time(tmp_path):
 def test_only_a_backend_registered_as_trainable_passes_the_rl_check():
     from evoagent.llm.backend import backend_entry, known_backends
 
-    assert {k for k in known_backends() if backend_entry(k).trainable} == {"hf", "vllm"}
+    assert {k for k in known_backends() if backend_entry(k).trainable} == {"hf", "openai", "vllm"}
+    assert backend_entry("openai").train_check is not None  # only with local weights (test_bad_input)
 
 
 def test_a_decaying_lr_schedule_must_cover_every_rl_step(tmp_path):
