@@ -34,7 +34,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from results_io import RESULTS  # bench/ is sys.path[0] when a script runs
+from results_io import RESULTS, run_marked  # bench/ is sys.path[0] when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("seed", "gepa", "trl_grpo", "evolve", "rl", "joint")
@@ -133,13 +132,7 @@ def spawn(task: str, row: str, opts: argparse.Namespace, budget: int | None, see
     if opts.model is not None:
         cmd += ["--model", opts.model]
     print(f"== {Path(task).parent.name}: {row}" + (f" (budget {budget} calls)" if budget else ""), flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    lines = proc.stdout.splitlines()
-    print("\n".join(ln for ln in lines if not ln.startswith(ROW_MARK))[-4000:], flush=True)
-    found = [ln for ln in lines if ln.startswith(ROW_MARK)]
-    if proc.returncode != 0 or not found:
-        sys.exit(f"row {row} of {task} failed (exit {proc.returncode}); nothing was written")
-    return json.loads(found[0][len(ROW_MARK):])
+    return run_marked(cmd, ROW_MARK, f"row {row} of {task}")
 
 
 # -- statistics ----------------------------------------------------------------------------------

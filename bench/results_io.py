@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,3 +19,15 @@ def write_results(name: str, figures: Any) -> Path:
     dest.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"wrote {dest}")
     return dest
+
+
+def run_marked(cmd: list[str], mark: str, what: str, tail: int = 4000) -> dict[str, Any]:
+    """Run a benchmark's child process (one row, one arm); echo the end of its log and return
+    the JSON it printed after ``mark``. A child that fails ends the benchmark: nothing is written."""
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = proc.stdout.splitlines()
+    print("\n".join(ln for ln in lines if not ln.startswith(mark))[-tail:], flush=True)
+    found = [ln for ln in lines if ln.startswith(mark)]
+    if proc.returncode != 0 or not found:
+        sys.exit(f"{what} failed (exit {proc.returncode}); nothing was written")
+    return json.loads(found[0][len(mark):])

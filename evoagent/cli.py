@@ -43,6 +43,9 @@ def run(
         "(or nothing) to start one for this run (needs evoagent-ml\\[distributed])",
     ),
     ray_workers: int = typer.Option(2, "--ray-workers", min=1, help="Ray workers, each with a backend"),
+    memory: Path | None = typer.Option(
+        None, "--memory", help="start the insight memory from FROM_RUN, a run of the same task"
+    ),
 ) -> None:
     """Evolve agents (and train the policy) for TASK; the archive lands in OUTPUT/NAME."""
     from evoagent import runner
@@ -57,9 +60,12 @@ def run(
         f" --ray {ray} --ray-workers {ray_workers}" if ray else "") + " --resume"
     spec = None
     try:
+        if memory is not None and resume:
+            raise EvoagentError("--memory starts a new run's insights; a resumed run keeps its own")
         spec = runner.prepare(task, output=output, resume=resume)
+        insights = runner.load_memory(memory, spec) if memory is not None else None
         with reporter(progress, console) as rep:  # type: ignore[arg-type]
-            result = asyncio.run(runner.run(spec, rep, cluster))
+            result = asyncio.run(runner.run(spec, rep, cluster, insights))
     except BackendError as e:  # a model server that went away mid-run: the archive is intact
         if spec is not None and (spec.run_dir / DB_NAME).exists():
             errors.print(f"[bold red]error:[/] {escape(str(e))}\nevery finished generation is "
@@ -125,7 +131,7 @@ def list_(
     run_dir: Path = RUN,
     sort: str = typer.Option("score", help="score | generation | id"),
     top: int | None = typer.Option(None, help="only the first N rows"),
-    status: str | None = typer.Option(None, help="ok | invalid | crashed"),
+    status: str | None = typer.Option(None, help="ok | invalid | crashed | duplicate"),
     island: int | None = typer.Option(None, help="only this island"),
     generation: int | None = typer.Option(None, help="only agents made in this generation"),
     weights_version: int | None = typer.Option(None, "--weights-version",

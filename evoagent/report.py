@@ -7,6 +7,8 @@ Sections (each an element id, so tests and users can link to it):
   - ``graph-<id>``: each top agent's graph (nodes by kind, tools, edges, edge probabilities);
   - ``instances``: which val inputs each top agent solves;
   - ``operators``: per operator, children made, valid, improving on their parents, tokens spent;
+  - ``grid``: with ``selection.kind: map_elites``, each occupied cell, its elite and occupancy;
+  - ``insights``: the insight memory (ExpeL) with each rule's votes, when the run kept one;
   - ``rl``: reward, accuracy, loss (and KL when trained with it) per RL step.
 
 plotly.js is embedded once (no network needed to open the file); everything is read from the
@@ -59,6 +61,10 @@ def write_report(run_dir: Path, out: Path | None = None, top: int = TOP) -> Path
             ("instances", "Which inputs each top agent solves",
              _instances(instance_scores(archive, [r.id for r in best], version))),
             ("operators", "Operators", _operators(archive)),
+            *([("grid", "MAP-Elites grid", grid)] if (grid := _grid(archive, version)) else []),
+            *([("insights", "Insight memory", "<table id='insights'><tr><th>votes</th><th>rule</th></tr>"
+                + "".join(f"<tr><td>{v}</td><td style='text-align:left'>{html.escape(t)}</td></tr>"
+                          for t, v in memory) + "</table>")] if (memory := archive.insights()) else []),
             ("rl", "RL training", _figure(_rl(archive), "rl")),
         ]
         title = f"evoagent report: {Path(run_dir).name}"
@@ -194,7 +200,7 @@ def _operators(archive: Archive) -> str:
     stats = operator_stats(archive)
     rows = "".join(
         f"<tr><th>{html.escape(s.operator)}</th><td>{s.children}</td><td>{s.valid}</td>"
-        f"<td>{s.invalid}</td><td>{s.crashed}</td><td>{s.improved}</td>"
+        f"<td>{s.invalid}</td><td>{s.crashed}</td><td>{s.duplicate}</td><td>{s.improved}</td>"
         f"<td>{s.improvement_rate:.2f}</td><td>{s.tokens}</td></tr>"
         for s in stats
     )
@@ -202,8 +208,39 @@ def _operators(archive: Archive) -> str:
                            name="improvement rate"))
     fig.update_layout(yaxis_title="children that beat their parents", height=300)
     return ("<table id='operators'><thead><tr><th>operator</th><th>children</th><th>valid</th>"
-            "<th>invalid</th><th>crashed</th><th>improved</th><th>rate</th><th>tokens</th></tr>"
+            "<th>invalid</th><th>crashed</th><th>duplicate</th><th>improved</th><th>rate</th><th>tokens</th></tr>"
             f"</thead><tbody>{rows}</tbody></table>" + _figure(fig, "operator-rates"))
+
+
+def _grid(archive: Archive, version: int) -> str:
+    """The MAP-Elites grid of a run that selected by it ('' for any other strategy)."""
+    from evoagent.evolve.descriptors import get_descriptor
+    from evoagent.evolve.map_elites import grid
+    from evoagent.evolve.selection import Candidate, Pool
+    from evoagent.spec.config import RunSpec
+
+    raw = archive.run_spec()
+    selection = RunSpec.model_validate_json(raw).evolve.selection if raw else None
+    if selection is None or selection.kind != "map_elites":
+        return ""
+    pool = Pool([Candidate(*r) for r in archive.candidates("val", version)],
+                measure=lambda name, ids: get_descriptor(name)(archive, ids))
+    axes = selection.descriptors
+
+    def span(axis: int, b: int) -> str:
+        edges = axes[axis].bins
+        lo = f"{edges[b - 1]:g}" if b > 0 else ""
+        hi = f"{edges[b]:g}" if b < len(edges) else ""
+        return f"{lo} ≤ x < {hi}" if lo and hi else (f"< {hi}" if hi else f"≥ {lo}")
+
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(span(i, b))}</td>" for i, b in enumerate(cell))
+        + f"<td>{len(members)}</td><td>{html.escape(members[0].id)}</td><td>{members[0].score:.3f}</td></tr>"
+        for cell, members in grid(pool, axes).items()
+    )
+    head = "".join(f"<th>{html.escape(a.name)}</th>" for a in axes)
+    return (f"<table id='grid'><thead><tr>{head}<th>agents</th><th>elite</th><th>val</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
 
 
 def _rl(archive: Archive) -> go.Figure:

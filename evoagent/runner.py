@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evoagent.archive.store import DB_NAME, Archive
-from evoagent.errors import ArchiveError
+from evoagent.errors import ArchiveError, SpecError
 from evoagent.evolve.hooks import NullReporter, Reporter, SearchResult
 from evoagent.evolve.loop import Search
 from evoagent.graph.io import dump_graph
@@ -51,6 +51,23 @@ def prepare(task: Path | str, *, output: str | None = None, resume: bool = False
     return spec
 
 
+def load_memory(from_run: Path, spec: RunSpec) -> list[tuple[str, int]]:
+    """``--memory FROM_RUN``: the insights of another run of the same task (its description,
+    dataset and reward), for a new run to start from. Anything else is refused before a model
+    loads: not an archive, a newer schema (``ArchiveError``), another task (``SpecError``)."""
+    with Archive(from_run, write=False) as archive:
+        stored = archive.run_spec()
+        insights = archive.insights()
+    if stored is None:
+        raise ArchiveError(f"--memory: {from_run} has no run spec (a run that never started)")
+    theirs = RunSpec.model_validate_json(stored).task
+    differ = [k for k in ("description", "dataset", "reward") if getattr(theirs, k) != getattr(spec.task, k)]
+    if differ:
+        raise SpecError(f"--memory: {from_run} is a run of another task (its task.{', task.'.join(differ)} "
+                        "differ from this one's); insights carry over between runs of the same task only")
+    return insights
+
+
 # Fields a resumed run may change: where things live, and how long the search goes on.
 RESUMABLE = frozenset({"output", "base_dir", "evolve.generations", "evolve.max_calls"})
 
@@ -82,9 +99,13 @@ class RayOptions:
     workers: int = 2
 
 
-async def run(spec: RunSpec, reporter: Reporter | None = None, ray: RayOptions | None = None) -> SearchResult:
+async def run(
+    spec: RunSpec, reporter: Reporter | None = None, ray: RayOptions | None = None,
+    memory: list[tuple[str, int]] | None = None,
+) -> SearchResult:
     """Run (or resume) the search of ``spec``; the best agent is exported beside the archive.
-    With ``ray``, candidates are evaluated on Ray workers (``evoagent.distributed``)."""
+    With ``ray``, candidates are evaluated on Ray workers (``evoagent.distributed``); a new run
+    starts its insight memory from ``memory`` (``load_memory``)."""
     runs_code = "python" in spec.task.tools or spec.task.reward.kind == "unit_tests"
     if runs_code and (warning := check_sandbox(spec.sandbox)):
         (reporter or NullReporter()).log(f"warning: {warning}")
@@ -95,7 +116,7 @@ async def run(spec: RunSpec, reporter: Reporter | None = None, ray: RayOptions |
         evaluator = RayEvaluator(spec, ray.address, ray.workers, (reporter or NullReporter()).log)
     policy, mutator = make_backends(spec.policy, spec.mutator)
     with Archive(spec.run_dir) as archive:
-        search = Search(spec, policy, mutator, archive, reporter, evaluator=evaluator)
+        search = Search(spec, policy, mutator, archive, reporter, evaluator=evaluator, memory=memory or ())
         if spec.rl.enabled:
             search.rl = RLPhase(
                 spec.rl, policy, search.ctx, spec.task.reward, spec.run_dir, spec.seed,

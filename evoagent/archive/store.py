@@ -24,7 +24,8 @@ from evoagent.execute.trajectory import Trajectory
 from evoagent.graph.io import graph_from_dict
 from evoagent.graph.model import AgentGraph
 
-SCHEMA_VERSION = 2  # v2: the lineage table (v1 archives are upgraded when opened to write)
+SCHEMA_VERSION = 3  # v2: lineage; v3: status 'duplicate', insights (older archives upgrade on write)
+STATUSES = ("ok", "invalid", "crashed", "duplicate")  # duplicate: refused by novelty, never run
 DB_NAME = "archive.sqlite"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -33,7 +34,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS agents (
     id TEXT PRIMARY KEY, graph_json TEXT NOT NULL, parents_json TEXT NOT NULL,
     operator TEXT NOT NULL, generation INTEGER NOT NULL, island INTEGER NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('ok', 'invalid', 'crashed')), reason TEXT,
+    status TEXT NOT NULL CHECK (status IN ('ok', 'invalid', 'crashed', 'duplicate')), reason TEXT,
     created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS lineage (
     child TEXT NOT NULL REFERENCES agents(id), parent TEXT NOT NULL, position INTEGER NOT NULL,
@@ -54,6 +55,9 @@ CREATE INDEX IF NOT EXISTS traj_input ON trajectories(split, input_id);
 CREATE TABLE IF NOT EXISTS generations (
     generation INTEGER PRIMARY KEY, weights_version INTEGER NOT NULL, committed REAL NOT NULL,
     best_id TEXT, best_score REAL);
+CREATE TABLE IF NOT EXISTS insights (
+    position INTEGER PRIMARY KEY, text TEXT NOT NULL, votes INTEGER NOT NULL,
+    generation INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS rl_checkpoints (
     weights_version INTEGER PRIMARY KEY, generation INTEGER NOT NULL, path TEXT NOT NULL,
     metrics_json TEXT NOT NULL);
@@ -98,6 +102,7 @@ class GenerationWrite:
     trajectories: list[tuple[str, Trajectory, int]]  # (split, trajectory, weights version)
     checkpoint: tuple[str, dict[str, Any]] | None = None  # (path, metrics) of a new RL version
     usage: tuple[int, int] | None = None  # the run's model (calls, tokens) so far, if counted
+    insights: list[tuple[str, int]] | None = None  # the insight memory's (text, votes), if changed
 
 
 class Archive:
@@ -131,23 +136,35 @@ class Archive:
             raise ArchiveError(f"{self.run_dir}: the archive has no schema version")
         if row is None:
             self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row["value"]) == 1 and write:
-            self._upgrade_from_v1()
-        elif int(row["value"]) == 1:
-            raise ArchiveError(
-                f"{self.run_dir}: archive schema v1, this evoagent reads v{SCHEMA_VERSION}; "
-                "resume the run once (evoagent run TASK --resume) to upgrade it"
-            )
-        elif int(row["value"]) != SCHEMA_VERSION:
+            return
+        version = int(row["value"])
+        if version > SCHEMA_VERSION or version < 1:
             raise ArchiveError(
                 f"{self.run_dir}: archive schema v{row['value']}, this evoagent reads v{SCHEMA_VERSION}"
             )
+        if version < SCHEMA_VERSION and write:
+            self._upgrade(version)
+        elif version == 1:
+            raise ArchiveError(
+                f"{self.run_dir}: archive schema v1, this evoagent reads v{SCHEMA_VERSION}; "
+                "resume the run once (evoagent run TASK --resume) to upgrade it"
+            )  # a v2 archive reads as it is: v3 only allows one more status
 
-    def _upgrade_from_v1(self) -> None:
-        """v1 kept parents only as JSON; v2 indexes them (``lineage``) for children and ancestry."""
+    def _upgrade(self, version: int) -> None:
+        """v1 kept parents only as JSON; v2 indexes them (``lineage``) for children and ancestry.
+        v3 lets an agent be a ``duplicate``: the agents table is rebuilt with the wider CHECK."""
         self.db.execute("BEGIN IMMEDIATE")
-        self.db.execute("INSERT OR IGNORE INTO lineage SELECT a.id, j.value, j.key "
-                        "FROM agents a, json_each(a.parents_json) j")
+        if version < 2:
+            self.db.execute("INSERT OR IGNORE INTO lineage SELECT a.id, j.value, j.key "
+                            "FROM agents a, json_each(a.parents_json) j")
+        if version < 3:
+            table = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS agents"):]
+            table = table[: table.index(";") + 1].replace("IF NOT EXISTS agents", "agents_v3")
+            self.db.execute(table)
+            self.db.execute("INSERT INTO agents_v3 SELECT * FROM agents")
+            self.db.execute("DROP TABLE agents")
+            self.db.execute("ALTER TABLE agents_v3 RENAME TO agents")
+            self.db.execute("CREATE INDEX IF NOT EXISTS agent_generation ON agents(generation)")
         self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
         self.db.execute("COMMIT")
 
@@ -221,6 +238,10 @@ class Archive:
                 )
             if w.usage is not None:
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('usage', ?)", (json.dumps(w.usage),))
+            if w.insights is not None:
+                self.db.execute("DELETE FROM insights")
+                self.db.executemany("INSERT INTO insights VALUES (?,?,?,?)",
+                                    [(k, t, v, w.generation) for k, (t, v) in enumerate(w.insights)])
             best = self.best("val", w.weights_version)
             self.db.execute(
                 "INSERT OR REPLACE INTO generations VALUES (?,?,?,?,?)",
@@ -374,6 +395,15 @@ class Archive:
         row = self.db.execute("SELECT value FROM meta WHERE key='usage'").fetchone()
         calls, tokens = json.loads(row["value"]) if row else (0, 0)
         return int(calls), int(tokens)
+
+    def insights(self) -> list[tuple[str, int]]:
+        """The insight memory as of the last commit: (text, votes), most votes first. A v2
+        archive opened read-only has no such table: no insights."""
+        try:
+            rows = self.db.execute("SELECT text, votes FROM insights ORDER BY position").fetchall()
+        except sqlite3.OperationalError:
+            return []
+        return [(r["text"], r["votes"]) for r in rows]
 
     def cost(self) -> tuple[int, int]:
         """(agent executions, generated tokens) over every evaluation so far."""

@@ -242,6 +242,7 @@ class OperatorStats:
     valid: int
     invalid: int
     crashed: int
+    duplicate: int  # refused by novelty before any evaluation
     improved: int
     tokens: int
 
@@ -250,13 +251,24 @@ class OperatorStats:
         return self.improved / self.children if self.children else 0.0
 
 
-def operator_stats(archive: Archive) -> list[OperatorStats]:
-    """Per operator (seeds excluded): improvement means a full-val score above every parent's
-    under the same weights version; cost is the tokens its children's evaluations used."""
+@dataclass(frozen=True)
+class Outcome:
+    """One child an operator made: when, whether it was valid, whether it improved."""
+
+    operator: str
+    generation: int
+    status: str
+    improved: bool
+    tokens: int
+
+
+def operator_outcomes(archive: Archive) -> list[Outcome]:
+    """Every non-seed agent as its operator's outcome: improvement means a full-val score above
+    every parent's under the same weights version; tokens are what its evaluations used."""
     rows = archive.db.execute(
-        "SELECT a.id, a.operator, a.status, a.parents_json, "
+        "SELECT a.id, a.operator, a.generation, a.status, a.parents_json, "
         "(SELECT COALESCE(SUM(tokens), 0) FROM evaluations e WHERE e.agent_id = a.id) AS tokens "
-        "FROM agents a WHERE a.operator != 'seed'"
+        "FROM agents a WHERE a.operator != 'seed' ORDER BY a.generation, a.id"
     ).fetchall()
     best: dict[str, dict[int, float]] = {}  # agent -> weights version -> full val score
     for r in archive.db.execute(
@@ -271,14 +283,20 @@ def operator_stats(archive: Archive) -> list[OperatorStats]:
             for v, score in best.get(child, {}).items()
         ) if parents else False
 
+    return [Outcome(r["operator"], r["generation"], r["status"],
+                    improved(r["id"], json.loads(r["parents_json"])), r["tokens"]) for r in rows]
+
+
+def operator_stats(archive: Archive) -> list[OperatorStats]:
+    """Per operator (seeds excluded): children, their statuses, improvements, cost."""
     stats: dict[str, dict[str, int]] = {}
-    for r in rows:
-        s = stats.setdefault(r["operator"], dict.fromkeys(
-            ("children", "valid", "invalid", "crashed", "improved", "tokens"), 0))
+    for o in operator_outcomes(archive):
+        s = stats.setdefault(o.operator, dict.fromkeys(
+            ("children", "valid", "invalid", "crashed", "duplicate", "improved", "tokens"), 0))
         s["children"] += 1
-        s[{"ok": "valid"}.get(r["status"], r["status"])] += 1
-        s["tokens"] += r["tokens"]
-        s["improved"] += improved(r["id"], json.loads(r["parents_json"]))
+        s[{"ok": "valid"}.get(o.status, o.status)] += 1
+        s["tokens"] += o.tokens
+        s["improved"] += o.improved
     return [OperatorStats(op, **s) for op, s in sorted(stats.items())]
 
 

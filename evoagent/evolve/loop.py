@@ -20,10 +20,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
+from evoagent.archive.views import instance_scores, operator_outcomes
 from evoagent.errors import BackendError, EvoagentError, GraphError, MutationError, SandboxError
 from evoagent.evolve.cascade import cascade
+from evoagent.evolve.descriptors import get_descriptor
 from evoagent.evolve.hooks import NullReporter, Reporter, RLHook, SearchResult
-from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
+from evoagent.evolve.insights import Insight, contrast_pairs, learn
+from evoagent.evolve.novelty import NoveltyIndex
+from evoagent.evolve.operator_policy import Choose, get_policy
+from evoagent.evolve.operators import Feedback, MutationContext, get_operator
 from evoagent.evolve.selection import Candidate, Pool, get_selector
 from evoagent.execute.evaluate import Evaluation, Evaluator, LocalEvaluator
 from evoagent.execute.executor import ExecContext, request_seed
@@ -50,6 +55,7 @@ class _Pending:
     trajectories: list[tuple[str, Trajectory, int]] = field(default_factory=list)
     # parents drawn with a score from older weights, re-scored under ``version`` (once each)
     rescored: dict[str, asyncio.Task[Evaluation]] = field(default_factory=dict)
+    insights: list[Insight] | None = None  # the memory after this generation, if it changed
 
     def add_eval(self, agent_id: str, split_: str, stage: str, ev: Evaluation) -> None:
         self.evaluations.append(
@@ -60,8 +66,9 @@ class _Pending:
     def write(
         self, checkpoint: tuple[str, dict] | None = None, usage: tuple[int, int] | None = None
     ) -> GenerationWrite:
+        memory = None if self.insights is None else [(i.text, i.votes) for i in self.insights]
         return GenerationWrite(self.generation, self.version, self.agents, self.evaluations,
-                               self.trajectories, checkpoint, usage)
+                               self.trajectories, checkpoint, usage, memory)
 
 
 class Search:
@@ -76,7 +83,10 @@ class Search:
         reporter: Reporter | None = None,
         rl: RLHook | None = None,
         evaluator: Evaluator | None = None,
+        memory: Sequence[tuple[str, int]] = (),
     ) -> None:
+        """``memory``: insights (text, votes) a new run starts from (``--memory``); a resumed
+        run reads its own from the archive."""
         self.spec = spec
         self.policy = policy
         self.mutator = mutator
@@ -92,7 +102,10 @@ class Search:
         self.tools = sorted(set(known_tools()) | set(spec.task.tools))
         self.operators = [(get_operator(o.name), o.weight) for o in spec.evolve.operators]
         self.select = get_selector(spec.evolve.selection.kind)
+        self.operator_policy = get_policy(spec.evolve.operator_policy.kind)
         self._spent_before = archive.usage()  # a resumed run's budget goes on from here
+        self._novelty: NoveltyIndex | None = None  # built from the archive when first needed
+        self.insights = [Insight(t, v) for t, v in (archive.insights() or memory)]
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> SearchResult:
@@ -154,6 +167,7 @@ class Search:
                 continue
             seen.add(g.id)
             pending.agents.append(AgentRecord(g.id, g, (), "seed", 0, i % self.spec.evolve.selection.islands, "ok", None))
+        pending.insights = list(self.insights) if self.insights else None  # --memory, kept
         evs = await asyncio.gather(*(self._full(a.graph, val) for a in pending.agents))
         for a, ev in zip(pending.agents, evs, strict=True):
             self._record(pending, a.id, "val", "full", ev)
@@ -167,6 +181,18 @@ class Search:
         pending.add_eval(agent_id, split_, stage, ev)
         pending.trajectories.extend((split_, t, ev.weights_version) for t in ev.trajectories)
 
+    def _pool(self, version: int) -> Pool:
+        """The selection pool, with what pareto and map_elites read from the archive on demand."""
+        cands = self._candidates(version)
+
+        def instances() -> dict[str, dict[str, float]]:
+            out: dict[str, dict[str, float]] = {}
+            for v in {c.version for c in cands}:  # each agent's rewards under its own version
+                out.update(instance_scores(self.archive, [c.id for c in cands if c.version == v], v))
+            return out
+
+        return Pool(cands, instances, lambda name, ids: get_descriptor(name)(self.archive, ids))
+
     def _candidates(self, version: int) -> list[Candidate]:
         """Every valid agent with a full val score, its latest up to ``version`` (one SQL query,
         no graphs): an RL phase re-scores only the top agents, and the rest stay selectable."""
@@ -175,21 +201,25 @@ class Search:
     async def _generation(self, gen: int, version: int) -> int:
         cfg = self.spec.evolve
         pending = _Pending(gen, version)
-        pool = Pool(self._candidates(version))
+        pool = self._pool(version)
         if not len(pool):
             raise EvoagentError("no valid scored agent to evolve from (all seeds failed?)")
         known = self.archive.known_ids()
         rngs = [random.Random(request_seed(self.spec.seed, "child", gen, s)) for s in range(cfg.children)]
+        choose = self.operator_policy(self.operators, operator_outcomes(self.archive), gen, cfg.operator_policy)
         made = await asyncio.gather(*(
-            self._child(gen, s, pool, rngs[s], known, pending) for s in range(cfg.children)
+            self._child(gen, s, pool, rngs[s], known, pending, choose) for s in range(cfg.children)
         ))
         children: list[tuple[AgentRecord, AgentGraph]] = []
         for slot, rec in enumerate(made):
             if rec.id in known:  # an earlier slot of this generation built the same child
-                rec = await self._child(gen, slot, pool, rngs[slot], known, pending)
+                rec = await self._child(gen, slot, pool, rngs[slot], known, pending, choose)
             if rec.id in known:
                 self.reporter.log(f"gen {gen}: {rec.operator} rebuilt existing agent {rec.id}; skipped")
                 continue
+            rec = self._novel_or_duplicate(rec)  # against the earlier slots too
+            if rec.status == "ok" and self._novelty is not None:
+                self._novelty.add(rec.id, rec.graph)  # type: ignore[arg-type]
             known.add(rec.id)
             pending.agents.append(rec)
             if rec.status == "ok" and rec.graph is not None:
@@ -198,6 +228,8 @@ class Search:
                 self.reporter.log(f"gen {gen}: {rec.operator} -> {rec.status}: {rec.reason}")
         self._record_rescored(gen, pool, pending)
         await self._evaluate(gen, version, children, pending)
+        if cfg.memory.enabled:
+            await self._learn_insights(gen, pending)
         checkpoint = None
         if self.rl is not None and self.spec.rl.enabled and gen % self.spec.rl.every == 0:
             checkpoint, version = await self._rl_phase(pending, gen, version)
@@ -244,6 +276,26 @@ class Search:
             score = f"val {res.full.score:.3f}" if res.full else f"minibatch {res.minibatch.score:.3f} (stopped)"
             self.reporter.log(f"gen {gen}: {rec.operator} {rec.parents} -> {rec.id} {score}")
 
+    async def _learn_insights(self, gen: int, pending: _Pending) -> None:
+        """ExpeL: update the insight memory from this generation's (success, failure) pairs."""
+        cfg = self.spec.evolve.memory
+        fresh = [t for split_, t, _ in pending.trajectories if split_ == "val"]
+        inputs = sorted({t.input_id for t in fresh})
+        archived = self.archive.trajectories_of_inputs("val", inputs) if inputs else []
+        pairs = contrast_pairs(fresh, archived, cfg.pairs)
+        if not pairs:
+            return
+        shown = [(self._feedback(good), self._feedback(bad)) for good, bad in pairs]
+        try:
+            learned = await learn(self.insights, shown, self.mutator, self.spec.task.description,
+                                  cfg.max_insights, request_seed(self.spec.seed, "insights", gen))
+        except BackendError as e:  # the memory waits for the next generation
+            self.reporter.log(f"gen {gen}: insights not updated: the mutator failed: {e}")
+            return
+        if learned != self.insights:
+            self.insights = pending.insights = learned
+            self.reporter.log(f"gen {gen}: insight memory now holds {len(learned)} rule(s)")
+
     def _progress(self, gen: int, version: int) -> None:
         """One line per committed generation: where the search stands and what it has cost."""
         best = self.archive.best("val", version)
@@ -254,28 +306,43 @@ class Search:
         self.reporter.log(f"gen {gen}/{self.spec.evolve.generations} done: {summary} so far")
 
     async def _child(
-        self, gen: int, slot: int, pool: Pool, rng: random.Random, known: set[str], pending: _Pending
+        self, gen: int, slot: int, pool: Pool, rng: random.Random, known: set[str], pending: _Pending,
+        choose: Choose,
     ) -> AgentRecord:
         """Build one child, redrawing operator and parents when the draw gave nothing new.
 
         Deterministic operators (insert a tool, add demos) rebuild the same child from the same
         parent, and an operator may not apply to the parent drawn (every node already has a
-        tool); without a redraw such a slot is lost. After ``REDRAWS`` draws the last one is
-        kept: an invalid child is archived with its reason, like a crashed one (which is never
+        tool); without a redraw such a slot is lost, and so is one whose child novelty rejection
+        refused. After ``REDRAWS`` draws the last one is kept: an invalid or duplicate child is
+        archived with its reason, like a crashed one (which is never
         redrawn: an operator bug should show). The draws come from the slot's own seeded RNG,
         so reruns match.
         """
         for _ in range(REDRAWS):
-            rec = await self._draw_child(gen, slot, pool, rng, pending)
-            if rec.id not in known and rec.status != "invalid":
+            rec = self._novel_or_duplicate(await self._draw_child(gen, slot, pool, rng, pending, choose))
+            if rec.id not in known and rec.status not in ("invalid", "duplicate"):
                 break
         return rec
 
+    def _novel_or_duplicate(self, rec: AgentRecord) -> AgentRecord:
+        """``rec``, or when novelty rejection is on and an indexed agent is too similar, ``rec``
+        as a duplicate naming that agent (``evolve/novelty.py``)."""
+        threshold = self.spec.evolve.novelty_threshold
+        if threshold is None or rec.status != "ok" or rec.graph is None:
+            return rec
+        if self._novelty is None:
+            self._novelty = NoveltyIndex((a.id, a.graph) for a in self.archive.agents(status="ok") if a.graph)
+        near = self._novelty.nearest(rec.graph)
+        if near is None or near.similarity < threshold:
+            return rec
+        return replace(rec, status="duplicate", reason=f"{near.similarity:.2f} similar to {near.id} "
+                       f"(evolve.novelty_threshold {threshold:g}); not evaluated")
+
     async def _draw_child(
-        self, gen: int, slot: int, pool: Pool, rng: random.Random, pending: _Pending
+        self, gen: int, slot: int, pool: Pool, rng: random.Random, pending: _Pending, choose: Choose
     ) -> AgentRecord:
-        ops, weights = zip(*self.operators)
-        op: Operator = rng.choices(ops, weights=weights, k=1)[0]
+        op = choose(rng)
         parents, island = self.select(pool, op.parents, slot, gen, rng, self.spec.evolve.selection)
         ids = tuple(p.id for p in parents)
         base = dict(parents=ids, operator=op.name, generation=gen, island=island)
@@ -345,8 +412,19 @@ class Search:
             successes=tuple(f for f in feedback if f.reward >= 1.0),
             tools=self.spec.task.tools,
             max_demos=cfg.max_demos,
+            extract=self.spec.task.reward.extract,
+            insights=tuple(i.text for i in self.insights[: cfg.memory.top_k]),
             history=lambda: self._trials(pool, version),
+            evaluate=lambda graph, n: self._rewards_on_train(graph, n, rng),
         )
+
+    async def _rewards_on_train(self, graph: AgentGraph, n: int, rng: random.Random) -> list[float]:
+        """``ctx.evaluate``: ``graph``'s rewards on ``n`` train inputs drawn with ``rng``."""
+        train = self.splits["train"]
+        if not train:
+            raise MutationError("the task has no train split to try graphs on (task.splits.train)")
+        ev = await self.evaluator.evaluate(graph, rng.sample(train, min(n, len(train))))
+        return [t.reward or 0.0 for t in ev.trajectories]
 
     def _trials(self, pool: Pool, version: int) -> list[tuple[AgentGraph, float]]:
         """(graph, score) of every scored agent; children stopped by the cascade are trials

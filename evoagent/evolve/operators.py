@@ -34,6 +34,7 @@ from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend
 from evoagent.llm.types import Usage
 from evoagent.registry import Registry
+from evoagent.spec.config import RunSpec
 from evoagent.usercode import UserCode
 
 
@@ -90,9 +91,15 @@ class MutationContext:
         successes: the parent's fully successful executions (demo material).
         tools: names of tools the task allows operators to insert.
         max_demos: most few-shot demos ``bootstrap_demos`` may give a node.
+        extract: the task's answer extractor (``task.reward.extract``): what a vote compares.
+        insights: the insight memory's best rules, most votes first (``evolve/insights.py``).
         history: call it for (graph, val score) of the archived agents under the current
             weights, those the cascade stopped with their minibatch score (param search's
             trials); a call, because it reads every graph of the archive.
+        evaluate: ``await ctx.evaluate(graph, n)`` runs ``graph`` with the policy on ``n``
+            train inputs drawn with ``rng`` and returns their rewards (nothing is archived;
+            the completions count toward the budget): for operators that search by trying
+            (``learn_edges``).
     """
 
     llm: Backend
@@ -102,7 +109,14 @@ class MutationContext:
     successes: tuple[Feedback, ...] = ()
     tools: tuple[str, ...] = ()
     max_demos: int = 3
+    extract: str = "last_number"
+    insights: tuple[str, ...] = ()
     history: Callable[[], Sequence[tuple[AgentGraph, float]]] = field(default=lambda: (), repr=False)
+    evaluate: Callable[[AgentGraph, int], Awaitable[list[float]]] = field(
+        default=lambda g, n: _no_evaluate(g, n), repr=False)
+
+
+Check = Callable[[Sequence[AgentGraph], RunSpec], "str | None"]
 
 
 @runtime_checkable
@@ -116,11 +130,13 @@ class MutationOperator(Protocol):
 
 @dataclass(frozen=True)
 class Operator:
-    """A registered operator and how many parents it takes."""
+    """A registered operator, how many parents it takes, and what it needs of the run:
+    ``check(seed graphs, spec)`` says why it could never apply, or None."""
 
     name: str
     fn: MutationOperator
     parents: int = 1
+    check: Check | None = None
 
     async def apply(
         self, parents: Sequence[AgentGraph], ctx: MutationContext, user: UserCode | None = None,
@@ -129,7 +145,7 @@ class Operator:
         """The child graph; a plug-in that runs past ``timeout_s`` raises UserCodeError."""
         what = f"operator {self.name!r}"
         if user is not None and not _builtin(self.fn) and not inspect.iscoroutinefunction(self.fn):
-            portable = replace(ctx, llm=NoLLM(), history=_no_history)
+            portable = replace(ctx, llm=NoLLM(), history=_no_history, evaluate=_no_evaluate)
             child, rng = await user.call(self.fn, (list(parents), portable), timeout_s, what,
                                          history=ctx.history)
             ctx.rng.setstate(rng)
@@ -161,6 +177,11 @@ def _no_history() -> Sequence[tuple[AgentGraph, float]]:
     return ()
 
 
+async def _no_evaluate(graph: AgentGraph, n: int) -> list[float]:
+    raise UserCodeError("ctx.evaluate runs the policy, which only an async operator in the search "
+                        "process can reach")
+
+
 def _builtin(fn: object) -> bool:
     """evoagent's own operators run in this process: they are trusted not to hang."""
     return getattr(fn, "__module__", "").startswith("evoagent.")
@@ -169,16 +190,20 @@ def _builtin(fn: object) -> bool:
 _REGISTRY: Registry[Operator] = Registry("operator", SpecError)
 
 
-def mutation(name: str, *, parents: int = 1) -> Callable[[MutationOperator], MutationOperator]:
+def mutation(
+    name: str, *, parents: int = 1, check: Check | None = None,
+) -> Callable[[MutationOperator], MutationOperator]:
     """Register a mutation operator under ``name`` (the public plug-in decorator).
 
-    A name is taken once: a plug-in that reuses a built-in's name is refused, not swapped in.
+    ``check(seed graphs, spec)``, run when the spec is checked, returns why the operator
+    could never apply in this run (the spec error then names it), or None. A name is taken
+    once: a plug-in that reuses a built-in's name is refused, not swapped in.
     """
     if parents < 1:
         raise ValueError("an operator needs at least one parent")
 
     def deco(fn: MutationOperator) -> MutationOperator:
-        _REGISTRY.add(name, Operator(name, fn, parents))
+        _REGISTRY.add(name, Operator(name, fn, parents, check))
         return fn
 
     return deco
@@ -212,5 +237,9 @@ def _registered_as(fn: object) -> Operator | None:
     return next((op for op in _REGISTRY.entries.values() if op.fn is fn), None)
 
 
+BUILTIN_MODULES = ("edge_learning", "insights", "param_search", "prompt_ops", "reasoning_ops", "structure_ops")
+
+
 def _load_builtins() -> None:
-    from evoagent.evolve import param_search, prompt_ops, structure_ops  # noqa: F401
+    for name in BUILTIN_MODULES:
+        importlib.import_module(f"evoagent.evolve.{name}")

@@ -50,7 +50,8 @@ def _clip(text: str, n: int = _SHOWN) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _case(f: Feedback) -> str:
+def case_text(f: Feedback) -> str:
+    """One scored execution as the mutator reads it: input, each step, output, answer, feedback."""
     lines = [f"- Input: {_clip(f.input, 400)}"]
     for s in f.steps:
         if s.kind == "llm":
@@ -67,7 +68,7 @@ def _case(f: Feedback) -> str:
 
 
 def _cases(failures: Sequence[Feedback]) -> str:
-    return "\n".join(_case(f) for f in failures) or "- (no failures recorded)"
+    return "\n".join(case_text(f) for f in failures) or "- (no failures recorded)"
 
 
 def clean_reply(text: str) -> str:

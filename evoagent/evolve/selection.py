@@ -1,17 +1,19 @@
-"""Parent selection strategies: FunSearch islands and Darwin Gödel Machine archive sampling.
+"""Parent selection strategies: FunSearch islands and Darwin Gödel Machine archive sampling
+here; GEPA's per-input Pareto front (``pareto.py``) and MAP-Elites (``map_elites.py``) beside.
 
 A selector is ``fn(pool, n, slot, generation, rng, cfg) -> (parents, island)``: pick ``n``
 parents for the child in ``slot`` of this generation and name the island the child joins. The
 pool is rebuilt from the archive every generation (one SQL query), so selection carries no
 state of its own; a ``Pool`` draw costs O(distinct score levels), so it stays in milliseconds
-at 100,000 agents (``bench/archive_scale.py``).
+at 100,000 agents (``bench/archive_scale.py``). What only some strategies need (each agent's
+per-input rewards, its behaviour descriptors) the pool reads from the archive on first use.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from evoagent.errors import SpecError
@@ -45,8 +47,16 @@ class Pool:
     which is exactly the per-candidate weighted draw. Groupings are cached per island.
     """
 
-    def __init__(self, candidates: Sequence[Candidate]) -> None:
+    def __init__(
+        self, candidates: Sequence[Candidate],
+        instances: Callable[[], Mapping[str, Mapping[str, float]]] | None = None,
+        measure: Callable[[str, Sequence[str]], Mapping[str, float]] | None = None,
+    ) -> None:
         self.candidates = sorted(candidates, key=lambda c: c.id)
+        self._instances_source = instances
+        self._instances: Mapping[str, Mapping[str, float]] | None = None
+        self._measure_source = measure
+        self._measures: dict[str, Mapping[str, float]] = {}
         groups: dict[int | None, dict[tuple[float, int], list[Candidate]]] = {None: {}}
         for c in self.candidates:  # one pass: the whole pool and each island
             key = (c.score, c.children)
@@ -57,6 +67,19 @@ class Pool:
 
     def __len__(self) -> int:
         return len(self.candidates)
+
+    def instances(self) -> Mapping[str, Mapping[str, float]]:
+        """{agent id: {val input id: reward}}, read once (an empty mapping without a source)."""
+        if self._instances is None:
+            self._instances = self._instances_source() if self._instances_source else {}
+        return self._instances
+
+    def measure(self, name: str) -> Mapping[str, float]:
+        """{agent id: value} of descriptor ``name``, read once (agents it cannot measure are left out)."""
+        if name not in self._measures:
+            ids = [c.id for c in self.candidates]
+            self._measures[name] = self._measure_source(name, ids) if self._measure_source else {}
+        return self._measures[name]
 
     def groups(self, island: int | None) -> dict[tuple[float, int], list[Candidate]]:
         """(score, children) -> members, of one island (None: the whole pool)."""
@@ -101,11 +124,24 @@ class Pool:
 Selector = Callable[[Pool, int, int, int, random.Random, SelectionConfig], tuple[list[Candidate], int]]
 _REGISTRY: Registry[Selector] = Registry("selector", SpecError, field="evolve.selection.kind")
 selector = _REGISTRY.register  # ``@selector("name")``: register a parent-selection strategy
-known_selectors = _REGISTRY.names
-get_selector = _REGISTRY.get
 
 
-def _with_others(pool: Pool, first: Candidate, n: int, weight: Weight, rng: random.Random) -> list[Candidate]:
+def known_selectors() -> list[str]:
+    _load_builtins()
+    return _REGISTRY.names()
+
+
+def get_selector(name: str) -> Selector:
+    """The selector registered as ``name``; an unknown name lists the known ones."""
+    _load_builtins()
+    return _REGISTRY.get(name)
+
+
+def _load_builtins() -> None:
+    from evoagent.evolve import map_elites, pareto  # noqa: F401
+
+
+def with_others(pool: Pool, first: Candidate, n: int, weight: Weight, rng: random.Random) -> list[Candidate]:
     """``first`` plus ``n - 1`` distinct further parents drawn from the whole pool."""
     chosen = [first]
     while len(chosen) < n:
@@ -137,7 +173,7 @@ def islands(
         first = pool.best()
     else:
         first = pool.draw(scope, weight, rng)  # type: ignore[assignment]
-    return _with_others(pool, first, n, weight, rng), island
+    return with_others(pool, first, n, weight, rng), island
 
 
 @selector("dgm")
@@ -152,4 +188,4 @@ def dgm(
 
     first = pool.draw(None, weight, rng)
     assert first is not None  # the loop never selects from an empty pool
-    return _with_others(pool, first, n, weight, rng), first.island
+    return with_others(pool, first, n, weight, rng), first.island

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from evoagent.errors import MutationError
 from evoagent.evolve.operators import MutationContext, mutation
-from evoagent.graph.model import AgentGraph, Edge, LLMNode, LoopNode, ToolNode, VoteNode
+from evoagent.graph.model import AgentGraph, Edge, LLMNode, LoopNode, Node, ToolNode, VoteNode
 from evoagent.tools.base import make_tool
 
 REVISE_SYSTEM = "You check a draft answer step by step and correct it if it is wrong."
@@ -94,14 +94,8 @@ def delegate_to_tool(parents: Sequence[AgentGraph], ctx: MutationContext) -> Age
         "system": DELEGATE_SYSTEM.format(name=short, description=impl.description.rstrip(".")),
         "demos": (),  # demos of the old reply format would teach the wrong output
     })
-    consumers = {e.dst for e in graph.edges if e.src == target.id}
-    nodes = [writer if n.id == target.id else _rename_ref(n, target.id, tid) if n.id in consumers
-             else n for n in graph.nodes]
-    nodes.append(ToolNode(id=tid, tool=tool, template="{" + target.id + "}"))
-    edges = [Edge(src=tid, dst=e.dst, p=e.p) if e.src == target.id else e for e in graph.edges]
-    edges.append(Edge(src=target.id, dst=tid))
-    exit_ = tid if graph.exit == target.id else graph.exit
-    return graph.model_copy(update={"nodes": tuple(nodes), "edges": tuple(edges), "exit": exit_})
+    tool_node = ToolNode(id=tid, tool=tool, template="{" + target.id + "}")
+    return insert_after(graph.replace_node(writer), target.id, tool_node)
 
 
 @mutation("add_node")
@@ -115,11 +109,17 @@ def add_node(parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGraph:
     rid = fresh_id(graph, "revise")
     revise = LLMNode(id=rid, system=REVISE_SYSTEM, template=REVISE_TEMPLATE.format(src=src.id),
                      max_tokens=64)
-    edges = [Edge(src=rid, dst=e.dst, p=e.p) if e.src == src.id else e for e in graph.edges]
-    moved = {e.dst for e in graph.edges if e.src == src.id}
-    nodes = [_rename_ref(n, src.id, rid) if n.id in moved else n for n in graph.nodes] + [revise]
-    edges.append(Edge(src=src.id, dst=rid))
-    exit_ = rid if graph.exit == src.id else graph.exit
+    return insert_after(graph, src.id, revise)
+
+
+def insert_after(graph: AgentGraph, src: str, node: Node) -> AgentGraph:
+    """``graph`` with ``node`` between ``src`` and its consumers: ``src`` feeds ``node``, which
+    takes over ``src``'s out-edges, the consumers' ``{src}`` placeholders and the exit."""
+    edges = [Edge(src=node.id, dst=e.dst, p=e.p) if e.src == src else e for e in graph.edges]
+    moved = {e.dst for e in graph.edges if e.src == src}
+    nodes = [_rename_ref(n, src, node.id) if n.id in moved else n for n in graph.nodes] + [node]
+    edges.append(Edge(src=src, dst=node.id))
+    exit_ = node.id if graph.exit == src else graph.exit
     return graph.model_copy(update={"nodes": tuple(nodes), "edges": tuple(edges), "exit": exit_})
 
 

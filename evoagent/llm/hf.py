@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from evoagent.errors import BackendError
+from evoagent.heap import release_memory
 from evoagent.llm.backend import register_backend
 from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
@@ -46,7 +47,6 @@ from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
 from evoagent.llm.kv import INDEX, KV, PrefixStore, common_prefix, layout, row_kv
 from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.llm.weights import load_served
-from evoagent.memory import release_memory
 from evoagent.spec.config import BackendConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}

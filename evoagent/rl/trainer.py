@@ -41,7 +41,7 @@ from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from torch import Tensor, nn
 
 from evoagent.errors import RLError
-from evoagent.memory import release_memory
+from evoagent.heap import release_memory
 from evoagent.rl.batch import TokenBatch
 from evoagent.rl.config import RLConfig
 from evoagent.rl.losses import LossConfig, LossInputs, dpo, get_aggregation, get_policy_loss

@@ -39,6 +39,8 @@ def check_spec(spec: RunSpec) -> None:
     base = str(spec.base_dir)
     if base not in sys.path:
         sys.path.insert(0, base)
+    from evoagent.evolve.descriptors import get_descriptor
+    from evoagent.evolve.operator_policy import get_policy
     from evoagent.evolve.operators import get_operator
     from evoagent.evolve.selection import get_selector
     from evoagent.graph import load_graph
@@ -68,10 +70,19 @@ def check_spec(spec: RunSpec) -> None:
             raise SpecError(f"graphs[{i}] ({path.name}): {e}") from None
     for i, op in enumerate(spec.evolve.operators):
         try:
-            get_operator(op.name)
+            entry = get_operator(op.name)
         except SpecError as e:
             raise SpecError(f"evolve.operators[{i}]: {e}") from None
+        why = entry.check(graphs, spec) if entry.check is not None else None
+        if why is not None:
+            raise SpecError(f"evolve.operators[{i}]: {why}")
     get_selector(spec.evolve.selection.kind)
+    for i, axis in enumerate(spec.evolve.selection.descriptors):
+        try:
+            get_descriptor(axis.name)
+        except SpecError as e:
+            raise SpecError(f"evolve.selection.descriptors[{i}].name: {e}") from None
+    get_policy(spec.evolve.operator_policy.kind)
     get_reward(spec.task.reward.kind)
     if spec.task.reward.kind == "python":  # the user's reward must import before a model loads
         if spec.task.reward.ref is None:

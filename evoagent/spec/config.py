@@ -139,13 +139,55 @@ class OperatorRef(_Frozen):
     weight: float = Field(1.0, gt=0)
 
 
-class SelectionConfig(_Frozen):
-    """Parent selection (FunSearch islands or DGM archive sampling)."""
+class OperatorPolicyConfig(_Frozen):
+    """How each child's operator is drawn."""
 
-    kind: str = Field("islands", description="selection registry key: islands | dgm")
+    kind: str = Field(
+        "fixed",
+        description="operator policy registry key: fixed (by the operators' weights) | adaptive "
+        "(a bandit: Thompson sampling on each operator's rate of children that beat their parents)",
+    )
+    discount: float = Field(
+        0.7, gt=0, le=1,
+        description="adaptive: an outcome k generations old counts discount^k (1: never forget)",
+    )
+
+
+class DescriptorConfig(_Frozen):
+    """One axis of the MAP-Elites grid: a measured property and the edges of its bins."""
+
+    name: str = Field(description="descriptor registry key: nodes | llm_calls_per_input | tokens_per_input")
+    bins: tuple[float, ...] = Field(
+        min_length=1, description="increasing bin edges: values below the first edge fall in bin 0"
+    )
+
+    @field_validator("bins")
+    @classmethod
+    def _increasing(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"bin edges must increase, got {list(v)}")
+        return v
+
+
+class SelectionConfig(_Frozen):
+    """Parent selection: FunSearch islands, DGM archive sampling, GEPA's per-input Pareto
+    front, or MAP-Elites over behaviour descriptors."""
+
+    kind: str = Field("islands", description="selection registry key: islands | dgm | pareto | map_elites")
     islands: int = Field(2, ge=1, description="independent sub-populations (FunSearch)")
     temperature: float = Field(0.1, gt=0, description="softmax temperature over scores")
     migrate_every: int = Field(3, ge=1, description="generations between island migrations")
+    descriptors: tuple[DescriptorConfig, ...] = Field(
+        (), description="map_elites: the grid's axes, e.g. [{name: nodes, bins: [2, 3]}]"
+    )
+
+    @model_validator(mode="after")
+    def _grid(self) -> SelectionConfig:
+        if self.kind == "map_elites" and not self.descriptors:
+            raise ValueError("descriptors: map_elites needs at least one (e.g. [{name: nodes, bins: [2, 3]}])")
+        if self.descriptors and self.kind != "map_elites":
+            raise ValueError(f"descriptors: only map_elites reads them, not {self.kind!r}")
+        return self
 
 
 class CascadeConfig(_Frozen):
@@ -155,6 +197,18 @@ class CascadeConfig(_Frozen):
     threshold: float = Field(
         0.0, ge=0, description="child passes if minibatch score > threshold (0 = any success)"
     )
+
+
+class MemoryConfig(_Frozen):
+    """ExpeL's insight memory: rules learned from (success, failure) pairs on the same input."""
+
+    enabled: bool = Field(
+        False, description="after each generation the mutator updates the insights from pairs of "
+        "a success and a failure on the same val input (use_insights puts them in prompts)",
+    )
+    pairs: int = Field(2, ge=1, description="pairs read per generation (one mutator call each)")
+    top_k: int = Field(5, ge=1, description="insights use_insights gives a node, most votes first")
+    max_insights: int = Field(20, ge=1, description="most insights kept (the fewest votes go first)")
 
 
 class EvolveConfig(_Frozen):
@@ -175,8 +229,16 @@ class EvolveConfig(_Frozen):
         OperatorRef(name="reflective_rewrite"),
         OperatorRef(name="param_search"),
     )
+    operator_policy: OperatorPolicyConfig = OperatorPolicyConfig()
     selection: SelectionConfig = SelectionConfig()
+    novelty_threshold: float | None = Field(
+        None, gt=0, le=1,
+        description="reject a child before any evaluation when its prompt text is at least this "
+        "similar (Jaccard of word trigrams) to an archived agent of the same shape; it is archived "
+        "as duplicate, naming that agent. None: off",
+    )
     cascade: CascadeConfig = CascadeConfig()
+    memory: MemoryConfig = MemoryConfig()
     max_demos: int = Field(3, ge=0, description="few-shot demos bootstrap_demos may add")
     failures_shown: int = Field(3, ge=0, description="failed trajectories shown to the mutator")
     operator_timeout_s: float = Field(

@@ -129,3 +129,26 @@ def test_a_v1_archive_is_upgraded_by_a_writer_and_refused_by_a_reader(tmp_path):
         assert [(e.child, e.parent) for e in lineage_edges(a, G2.id)] == [(G2.id, G.id)]
     with Archive(tmp_path / "run", write=False) as r:
         assert r.best("val", 0)[0].id == G2.id
+
+
+def test_a_v2_archive_reads_as_it_is_and_takes_duplicates_once_upgraded(tmp_path):
+    from dataclasses import replace
+
+    with Archive(tmp_path / "run") as a:
+        a.commit_generation(GenerationWrite(0, 0, [rec(G)], [ev(G.id, 0.25)], []))
+        sql = a.db.execute("SELECT sql FROM sqlite_master WHERE name = 'agents'").fetchone()[0]
+        a.db.executescript(  # as v2 wrote it: no 'duplicate' status
+            sql.replace("agents", "agents_v2", 1).replace(", 'duplicate'", "") + ";"
+            "INSERT INTO agents_v2 SELECT * FROM agents; DROP TABLE agents;"
+            "ALTER TABLE agents_v2 RENAME TO agents;"
+            "UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+        )
+        with pytest.raises(sqlite3.IntegrityError):
+            a.db.execute("UPDATE agents SET status = 'duplicate'")
+    with Archive(tmp_path / "run", write=False) as r:  # a reader needs no upgrade
+        assert r.best("val", 0)[0].id == G.id
+    dup = replace(rec(G2, [G.id], 1, "reflective_rewrite"), status="duplicate", reason=f"0.97 similar to {G.id}")
+    with Archive(tmp_path / "run") as a:
+        a.commit_generation(GenerationWrite(1, 0, [dup], [], []))
+        assert a.agent(G2.id).status == "duplicate" and a.agent(G.id).status == "ok"
+        assert a.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"

@@ -128,8 +128,22 @@ CASES = [
                    "options: {operators: ['+']}")),
     Case("oversample-with-rft", r"rl: .*oversample keeps the inputs whose samples disagree, which rft",
          GOOD + "rl: {algorithm: rft, oversample: 2}\n"),
-    Case("unknown-selector", r"evolve\.selection\.kind: unknown selector 'roulette'; known: \['dgm', 'islands'\]",
+    Case("unknown-selector", r"evolve\.selection\.kind: unknown selector 'roulette'; known: \['dgm', 'islands', 'map_elites', 'pareto'\]",
          GOOD + "evolve: {selection: {kind: roulette}}\n"),
+    Case("unknown-operator-policy", r"evolve\.operator_policy\.kind: unknown operator policy 'greedy'; known: \['adaptive', 'fixed'\]",
+         GOOD + "evolve: {operator_policy: {kind: greedy}}\n"),
+    Case("unknown-descriptor", r"evolve\.selection\.descriptors\[1\]\.name: unknown descriptor 'beauty'; known: \[",
+         GOOD + "evolve: {selection: {kind: map_elites, descriptors: [{name: nodes, bins: [2]}, "
+                "{name: beauty, bins: [1]}]}}\n"),
+    Case("map-elites-without-descriptors", r"evolve\.selection: .*descriptors: map_elites needs at least one",
+         GOOD + "evolve: {selection: {kind: map_elites}}\n"),
+    Case("descriptor-bins-not-increasing", r"evolve\.selection\.descriptors\.0\.bins: .*bin edges must increase",
+         GOOD + "evolve: {selection: {kind: map_elites, descriptors: [{name: nodes, bins: [3, 2]}]}}\n"),
+    Case("novelty-threshold-over-one", r"evolve\.novelty_threshold: .*less than or equal to 1",
+         GOOD + "evolve: {novelty_threshold: 1.5}\n"),
+    Case("learn-edges-without-probabilistic-edges",
+         r"evolve\.operators\[0\]: learn_edges learns edge probabilities, and no seed graph has an edge with p",
+         GOOD + "evolve: {operators: [{name: learn_edges}]}\n"),
     Case("unknown-algorithm", r"rl\.algorithm: unknown algorithm 'ppo2'; known: \[", GOOD + "rl: {algorithm: ppo2}\n"),
     Case("unknown-loss", r"rl\.loss: unknown loss 'hinge'; known: \[", GOOD + "rl: {loss: hinge}\n"),
     Case("rl-on-untrainable-backend", r"rl\.enabled: policy\.kind 'scripted' cannot be trained.*\['hf', 'openai', 'vllm'\]",
@@ -198,6 +212,12 @@ CASES = [
          args=["run", "task.yaml", "--ray", "127.0.0.1:9"]),
     Case("ray-address-malformed", r"--ray: 'head-node' is not host:port",
          args=["run", "task.yaml", "--ray", "head-node"]),
+    Case("memory-from-a-folder-that-is-no-run", r"no archive at .*nowhere",
+         args=["run", "task.yaml", "--memory", "nowhere"]),
+    Case("memory-with-resume", r"--memory starts a new run's insights; a resumed run keeps its own",
+         args=["run", "task.yaml", "--resume", "--memory", "nowhere"]),
+    Case("use-insights-without-memory", r"evolve\.operators\[0\]: use_insights injects the insight memory, and evolve\.memory\.enabled is false",
+         GOOD + "evolve: {operators: [{name: use_insights}]}\n"),
     Case("archive-not-a-run", r"no archive at .*nowhere", args=["archive", "list", "nowhere"]),
     Case("unknown-command", r"No such command 'frobnicate'", args=["frobnicate"]),
     Case("run-without-task", r"Missing argument 'task'", args=["run"]),
@@ -263,7 +283,7 @@ def test_archive_reads_fail_cleanly_and_change_nothing(what, archive_run):
     elif what == "newer-schema":
         with sqlite3.connect(db) as c:
             c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
-        expect = r"archive schema v99, this evoagent reads v2"
+        expect = r"archive schema v99, this evoagent reads v3"
     before = db.read_bytes()
     result = CliRunner().invoke(app, ["archive", "show", str(archive_run), agent])
     out = " ".join(result.output.split())

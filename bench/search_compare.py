@@ -1,0 +1,159 @@
+"""Search strategies at the same budget: which parent selection and operator policy should a
+run use by default?
+
+Per task and seed, one program search (no RL) per arm, each in its own process, each stopped by
+the same budget of model completions (``evolve.max_calls``; policy and mutator, cache hits
+free), all with the same operators (the task's plus ``decompose``, ``best_of_n`` and
+``reflexion_retry``):
+
+- ``islands``: FunSearch islands (the default until this bench), operators by weight;
+- ``dgm``: Darwin Gödel Machine archive sampling;
+- ``map_elites``: MAP-Elites over nodes x LLM calls per input;
+- ``pareto``: GEPA's per-input Pareto front;
+- ``adaptive``: islands with the operator bandit (``operator_policy: adaptive``);
+- ``novelty``: islands with novelty rejection (``novelty_threshold: 0.9``).
+
+Each run reports its best val score, the best agent's test score (scored once), what it spent
+and how many distinct agents it evaluated. Per arm: the mean over seeds with a 95% t-interval
+(seeds also redraw the data splits, so the interval covers both). Writes
+``bench/results/search_compare.json`` and ``search_compare.md`` (the README's table).
+
+    python bench/search_compare.py [--tasks ...] [--arms islands,adaptive] [--seeds 0,1,2] [--budget 480]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from headline import run_search, versions
+from results_io import RESULTS, run_marked, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS: dict[str, dict[str, Any]] = {
+    "islands": {},
+    "dgm": {"selection": {"kind": "dgm"}},
+    "map_elites": {"selection": {"kind": "map_elites", "descriptors": [
+        {"name": "nodes", "bins": [2, 3]}, {"name": "llm_calls_per_input", "bins": [1.5, 4]}]}},
+    "pareto": {"selection": {"kind": "pareto"}},
+    "adaptive": {"operator_policy": {"kind": "adaptive"}},
+    "novelty": {"novelty_threshold": 0.9},
+}
+EXTRA_OPERATORS = ("decompose", "best_of_n", "reflexion_retry")
+DEFAULT_TASKS = ("examples/arithmetic/task.yaml", "examples/equations/task.yaml")
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+MARK = "ARM-RESULT "
+
+
+def spec_for(task: str, arm: str, seed: int, budget: int, out: str) -> Any:
+    """The task as ``arm`` searches it: no RL, the budget as the stop, the shared operators."""
+    from evoagent import runner
+    from evoagent.spec.config import RunSpec
+
+    d = runner.prepare(task, output=out).model_dump(mode="json")
+    d["seed"] = seed
+    d["rl"]["enabled"] = False
+    ops = d["evolve"]["operators"]
+    ops += [{"name": n, "weight": 1.0} for n in EXTRA_OPERATORS if n not in {o["name"] for o in ops}]
+    d["evolve"] |= {"generations": 50, "max_calls": budget}
+    for key, value in ARMS[arm].items():
+        d["evolve"][key] = {**d["evolve"][key], **value} if isinstance(value, dict) else value
+    return RunSpec.model_validate(d)
+
+
+def run_arm(task: str, arm: str, seed: int, budget: int) -> dict[str, Any]:
+    from evoagent.archive.store import Archive
+
+    out = tempfile.mkdtemp(prefix="evoagent-search-compare-")
+    try:
+        spec = spec_for(task, arm, seed, budget, out)
+        figures = run_search(spec)
+        with Archive(spec.run_dir, write=False) as a:
+            evaluated = {e.agent_id for e in a.evaluations()}
+            statuses = [r.status for r in a.agents()]
+        return {"seed": seed, "val": figures["val"], "test": figures["test"], "calls": figures["calls"],
+                "tokens": figures["tokens"], "wall_s": figures["wall_s"], "generations": figures["generations"],
+                "distinct_evaluated": len(evaluated),
+                "statuses": {s: statuses.count(s) for s in sorted(set(statuses))}}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def spawn(task: str, arm: str, seed: int, budget: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--one", task, arm, str(seed), "--budget", str(budget)]
+    print(f"== {Path(task).parent.name} / {arm} / seed {seed} (budget {budget} calls)", flush=True)
+    return run_marked(cmd, MARK, f"{arm} on {task} (seed {seed})", tail=1500)
+
+
+def mean_ci(xs: list[float]) -> tuple[float, list[float]]:
+    """The mean and its 95% t-interval (a point for a single run)."""
+    m = float(np.mean(xs))
+    if len(xs) < 2:
+        return m, [m, m]
+    half = T95.get(len(xs) - 1, 1.96) * float(np.std(xs, ddof=1)) / len(xs) ** 0.5
+    return m, [round(m - half, 4), round(m + half, 4)]
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    val, val_ci = mean_ci([r["val"] for r in runs])
+    test, test_ci = mean_ci([r["test"] for r in runs])
+    return {"val": round(val, 4), "val_ci": val_ci, "test": round(test, 4), "test_ci": test_ci,
+            "distinct_evaluated": float(np.mean([r["distinct_evaluated"] for r in runs])),
+            "calls": float(np.mean([r["calls"] for r in runs])), "runs": runs}
+
+
+def markdown(figures: dict[str, Any]) -> str:
+    lines = [f"Budget {figures['budget']} model completions per run, seeds {figures['seeds']} "
+             f"(mean, 95% t-interval over seeds); `{figures['command']}`", "",
+             "| task | arm | best val | test | distinct agents evaluated | calls |", "|---|---|---|---|---|---|"]
+    for task, t in figures["tasks"].items():
+        for arm, a in t["arms"].items():
+            lines.append(f"| {task} | {arm} | {a['val']:.3f} [{a['val_ci'][0]:.3f}, {a['val_ci'][1]:.3f}] | "
+                         f"{a['test']:.3f} [{a['test_ci'][0]:.3f}, {a['test_ci'][1]:.3f}] | "
+                         f"{a['distinct_evaluated']:.1f} | {a['calls']:.0f} |")
+    v = figures["versions"]
+    lines += ["", "Versions: " + ", ".join(f"{k} {v[k]}" for k in sorted(v))]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--budget", type=int, default=480)
+    ap.add_argument("--one", nargs=3, metavar=("TASK", "ARM", "SEED"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        task, arm, seed = args.one
+        print(MARK + json.dumps(run_arm(task, arm, int(seed), args.budget)), flush=True)
+        return
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        sys.exit(f"--arms: unknown {unknown}; known: {list(ARMS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    start = time.perf_counter()
+    tasks: dict[str, Any] = {}
+    for task in args.tasks.split(","):
+        name = Path(task).parent.name
+        tasks[name] = {"arms": {arm: summarize([spawn(task, arm, s, args.budget) for s in seeds]) for arm in arms}}
+    command = "python bench/search_compare.py" + "".join(
+        f" --{k} {v}" for k, v in (("tasks", args.tasks), ("arms", args.arms), ("seeds", args.seeds),
+                                   ("budget", args.budget)) if v != ap.get_default(k))
+    figures = {"budget": args.budget, "seeds": seeds, "command": command, "machine": f"{os.cpu_count()} cores",
+               "wall_s": round(time.perf_counter() - start, 1), "versions": versions(), "tasks": tasks}
+    write_results("search_compare", figures)
+    (RESULTS / "search_compare.md").write_text(markdown(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""bench/search_compare.py: every arm is the task's search with only its strategy changed (no
+RL, the same budget and operators), and the figures it reports over seeds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import search_compare  # noqa: E402
+
+from evoagent.spec import check_spec  # noqa: E402
+
+
+@pytest.mark.parametrize("arm", list(search_compare.ARMS))
+def test_each_arm_changes_only_its_strategy(arm, tmp_path):
+    spec = search_compare.spec_for(str(ROOT / "examples/equations/task.yaml"), arm, 2, 300, str(tmp_path))
+    check_spec(spec)
+    base = search_compare.spec_for(str(ROOT / "examples/equations/task.yaml"), "islands", 2, 300, str(tmp_path))
+    assert spec.seed == 2 and not spec.rl.enabled and spec.evolve.max_calls == 300
+    assert spec.evolve.operators == base.evolve.operators
+    assert {"decompose", "best_of_n", "reflexion_retry"} <= {o.name for o in spec.evolve.operators}
+    changed = {k for k in spec.evolve.model_fields if getattr(spec.evolve, k) != getattr(base.evolve, k)}
+    assert changed == set(search_compare.ARMS[arm])
+
+
+def test_the_summary_is_a_mean_with_a_t_interval_over_seeds():
+    runs = [{"val": v, "test": t, "distinct_evaluated": 10, "calls": 480} for v, t in ((0.5, 0.4), (0.6, 0.5), (0.7, 0.6))]
+    s = search_compare.summarize(runs)
+    assert s["val"] == 0.6 and s["test"] == 0.5
+    assert s["val_ci"] == pytest.approx([0.6 - 4.303 * 0.1 / 3**0.5, 0.6 + 4.303 * 0.1 / 3**0.5], abs=1e-4)
