@@ -15,7 +15,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -103,6 +103,7 @@ class GenerationWrite:
     checkpoint: tuple[str, dict[str, Any]] | None = None  # (path, metrics) of a new RL version
     usage: tuple[int, int] | None = None  # the run's model (calls, tokens) so far, if counted
     insights: list[tuple[str, int]] | None = None  # the insight memory's (text, votes), if changed
+    meta: dict[str, Any] = field(default_factory=dict)  # run state others keep in meta (JSON values)
 
 
 class Archive:
@@ -238,6 +239,8 @@ class Archive:
                 )
             if w.usage is not None:
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('usage', ?)", (json.dumps(w.usage),))
+            for key, value in w.meta.items():
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
             if w.insights is not None:
                 self.db.execute("DELETE FROM insights")
                 self.db.executemany("INSERT INTO insights VALUES (?,?,?,?)",
@@ -395,6 +398,11 @@ class Archive:
         row = self.db.execute("SELECT value FROM meta WHERE key='usage'").fetchone()
         calls, tokens = json.loads(row["value"]) if row else (0, 0)
         return int(calls), int(tokens)
+
+    def meta(self, key: str) -> Any:
+        """A value a generation wrote with ``GenerationWrite.meta`` (None if none was)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else None
 
     def insights(self) -> list[tuple[str, int]]:
         """The insight memory as of the last commit: (text, votes), most votes first. A v2

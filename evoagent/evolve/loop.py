@@ -18,6 +18,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
 from evoagent.archive.views import instance_scores, operator_outcomes
@@ -35,6 +36,7 @@ from evoagent.execute.executor import ExecContext, request_seed
 from evoagent.execute.trajectory import SKIPS, Trajectory
 from evoagent.graph import AgentGraph, graph_from_dict, load_graph, validate
 from evoagent.llm.backend import Backend, total_usage
+from evoagent.rl.curriculum import LEVEL_KEY, next_level, train_at
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, load_examples, split
 from evoagent.tools import ToolContext, known_tools
@@ -56,6 +58,7 @@ class _Pending:
     # parents drawn with a score from older weights, re-scored under ``version`` (once each)
     rescored: dict[str, asyncio.Task[Evaluation]] = field(default_factory=dict)
     insights: list[Insight] | None = None  # the memory after this generation, if it changed
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. the curriculum level, if it moved
 
     def add_eval(self, agent_id: str, split_: str, stage: str, ev: Evaluation) -> None:
         self.evaluations.append(
@@ -68,7 +71,7 @@ class _Pending:
     ) -> GenerationWrite:
         memory = None if self.insights is None else [(i.text, i.votes) for i in self.insights]
         return GenerationWrite(self.generation, self.version, self.agents, self.evaluations,
-                               self.trajectories, checkpoint, usage, memory)
+                               self.trajectories, checkpoint, usage, memory, self.meta)
 
 
 class Search:
@@ -106,6 +109,9 @@ class Search:
         self._spent_before = archive.usage()  # a resumed run's budget goes on from here
         self._novelty: NoveltyIndex | None = None  # built from the archive when first needed
         self.insights = [Insight(t, v) for t, v in (archive.insights() or memory)]
+        self.level = archive.meta(LEVEL_KEY) or 0  # the curriculum's (rl/curriculum.py)
+        if self.level:
+            self.splits["train"] = self._train_at(self.level)
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> SearchResult:
@@ -466,6 +472,7 @@ class Search:
             f"gen {gen}: RL trained {int(metrics['steps_trained'])}/{self.spec.rl.steps} steps, "
             f"rollout reward {metrics['reward_mean']:.3f}, samples skipped: {skipped}"
         )
+        self._promote(gen, metrics.get("accuracy", 0.0), pending)
         version += 1
         await self._serve(version)
         pending.version = version
@@ -477,6 +484,21 @@ class Search:
             self._record(pending, c.id, "val", "full", ev)
             self.reporter.log(f"gen {gen}: {c.id} val {c.score:.3f} (v{c.version}) -> {ev.score:.3f} (v{version})")
         return (path, metrics), version
+
+    def _promote(self, gen: int, accuracy: float, pending: _Pending) -> None:
+        """The curriculum: after a phase this accurate, train one level up (kept in the archive)."""
+        cfg = self.spec.rl.curriculum
+        level = next_level(self.level, accuracy, cfg)
+        if level != self.level:
+            self.level = pending.meta[LEVEL_KEY] = level
+            self.splits["train"] = self._train_at(level)
+            self.reporter.log(f"gen {gen}: rollout accuracy {accuracy:.2f} >= {cfg.promote_at:g}: the "
+                              f"train split moves to curriculum level {level} of {len(cfg.levels)}")
+
+    def _train_at(self, level: int) -> list[Example]:
+        spec = self.spec
+        return train_at(level, spec.task.dataset, spec.rl.curriculum, spec.task.splits.train, spec.seed,
+                        Path(spec.base_dir))
 
     async def _finish(self, gen: int, version: int) -> SearchResult:
         best = self.archive.best("val", version)

@@ -8,7 +8,7 @@ its own typed sub-config.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -17,6 +17,26 @@ from evoagent.rl.losses import LossConfig, known_aggregations, known_policy_loss
 
 RFT = "rft"  # rejection-sampling fine-tuning: not an advantage estimator, see ``algorithm``
 DPO = "dpo"  # preference pairs from the archive: not an advantage estimator either
+
+
+class CurriculumConfig(BaseModel):
+    """A self-evolving curriculum (WebRL): which train inputs a phase draws, and how hard."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(
+        False, description="draw train inputs by the elite's archived record on them, favouring "
+        "those solved sometimes but not always (the phase's rollouts are archived for this)",
+    )
+    focus: float = Field(
+        4.0, ge=1, description="draw weight of an input solved sometimes, against 1 for an unseen "
+        "one and 1/focus for one always or never solved",
+    )
+    levels: tuple[dict[str, Any], ...] = Field(
+        (), description="harder generator options, in order (merged over task.dataset.options); "
+        "the train split moves up one level after a phase whose rollout accuracy reaches promote_at",
+    )
+    promote_at: float = Field(0.6, ge=0, le=1, description="rollout accuracy that moves the train split up a level")
 
 
 class RLConfig(BaseModel):
@@ -93,6 +113,7 @@ class RLConfig(BaseModel):
         2.0, gt=0, description="truncated importance-sampling cap (Yao et al. 2025); None = off"
     )
     elite: int = Field(1, ge=1, description="top agents whose trajectories are trained on")
+    curriculum: CurriculumConfig = CurriculumConfig()
     dpo_beta: float = Field(0.1, gt=0, description="dpo: inverse temperature beta of the DPO loss")
     dpo_pairs: int = Field(
         2, ge=1, description="dpo: most (better, worse) pairs per input and step"

@@ -31,6 +31,7 @@ from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import Backend, SupportsTraining
 from evoagent.rl.batch import build_batch, episode_advantages, preference_pairs
 from evoagent.rl.config import DPO, RFT, RLConfig
+from evoagent.rl.curriculum import draw_inputs, success_rates
 from evoagent.rl.policy import attach_lora
 from evoagent.rl.trainer import Trainer
 from evoagent.spec.config import RewardConfig
@@ -42,8 +43,8 @@ class PhaseResult:
     """What one RL phase leaves: the checkpoint (relative to the run folder), metrics (means
     over the phase, each step's under ``"per_step"``), and every rollout. ``archive`` says
     whether the archive should keep the rollouts (split ``train``): ``dpo`` reads them back
-    as pairs and ``rft`` their successes; the others never do, and multi-turn rollouts are
-    large."""
+    as pairs, ``rft`` their successes and the curriculum its record of each input; the others
+    never do, and multi-turn rollouts are large."""
 
     checkpoint: str
     metrics: dict[str, Any]
@@ -139,8 +140,12 @@ class RLPhase:
         trained = 0
         for step in range(self.cfg.steps):
             rng = random.Random(request_seed(self.seed, "rl", generation, step))
-            drawn = self.cfg.inputs_per_step * self.cfg.oversample
-            inputs = rng.sample(list(train), min(drawn, len(train)))
+            drawn = min(self.cfg.inputs_per_step * self.cfg.oversample, len(train))
+            if self.cfg.curriculum.enabled:  # the inputs the elite solve sometimes come first
+                record = (self.history([ex.id for ex in train]) if self.history else []) + rollouts
+                inputs = draw_inputs(train, drawn, success_rates(record), self.cfg.curriculum, rng)
+            else:
+                inputs = rng.sample(list(train), drawn)
             first = 1_000_000 * generation + self.cfg.group_size * step
             trajs = await rollout([
                 (g, ex, first + k) for g in elite for ex in inputs for k in range(self.cfg.group_size)
@@ -194,9 +199,8 @@ class RLPhase:
         path = self.dir / f"gen{generation:03d}.pt"
         trainer.save_checkpoint(path)
         # relative: the run folder may move
-        return PhaseResult(
-            str(path.relative_to(self.dir.parent)), out, rollouts, self.cfg.algorithm in (DPO, RFT)
-        )
+        keep = self.cfg.algorithm in (DPO, RFT) or self.cfg.curriculum.enabled
+        return PhaseResult(str(path.relative_to(self.dir.parent)), out, rollouts, keep)
 
     async def _step(
         self, trainer: Trainer, usable: list[Trajectory], earlier: list[Trajectory],

@@ -108,6 +108,7 @@ def check_spec(spec: RunSpec) -> None:
         )
     _check_envs(graphs, examples)
     _check_schedule(spec)
+    _check_curriculum(spec)
     if spec.evolve.children == 0 and not spec.rl.enabled:
         raise SpecError("evolve.children: 0 searches no programs, and with rl.enabled false the "
                         "run would do nothing after the seeds")
@@ -147,6 +148,23 @@ def _check_envs(graphs: list[AgentGraph], examples: list[Example]) -> None:
                         f"graphs[{i}] node {node.id!r}: env {node.env!r} cannot play "
                         f"task.dataset's examples: {e}"
                     ) from None
+
+
+def _check_curriculum(spec: RunSpec) -> None:
+    """Each curriculum level must be options the task's generator accepts (drawn now, as the
+    task's own are, so a bad level fails before any model loads)."""
+    from evoagent.rl.curriculum import train_at
+
+    levels = spec.rl.curriculum.levels
+    if levels and spec.task.dataset.kind not in ("reasoning_gym", "python"):
+        raise SpecError(f"rl.curriculum.levels: a {spec.task.dataset.kind} dataset has no generator "
+                        "options to make harder (reasoning_gym and python datasets do)")
+    for i in range(len(levels)):
+        try:
+            train_at(i + 1, spec.task.dataset, spec.rl.curriculum, max(1, spec.task.splits.train),
+                     spec.seed, Path(spec.base_dir))
+        except SpecError as e:
+            raise SpecError(f"rl.curriculum.levels[{i}]: {e}") from None
 
 
 def _check_schedule(spec: RunSpec) -> None:

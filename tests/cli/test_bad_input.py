@@ -144,6 +144,8 @@ CASES = [
     Case("learn-edges-without-probabilistic-edges",
          r"evolve\.operators\[0\]: learn_edges learns edge probabilities, and no seed graph has an edge with p",
          GOOD + "evolve: {operators: [{name: learn_edges}]}\n"),
+    Case("curriculum-level-the-generator-rejects", r"rl\.curriculum\.levels\[0\]: .*basic_arithmetic rejected them",
+         GOOD + "rl: {enabled: true, curriculum: {levels: [{min_terms: 5, max_terms: 2}]}}\n"),
     Case("unknown-algorithm", r"rl\.algorithm: unknown algorithm 'ppo2'; known: \[", GOOD + "rl: {algorithm: ppo2}\n"),
     Case("unknown-loss", r"rl\.loss: unknown loss 'hinge'; known: \[", GOOD + "rl: {loss: hinge}\n"),
     Case("rl-on-untrainable-backend", r"rl\.enabled: policy\.kind 'scripted' cannot be trained.*\['hf', 'openai', 'vllm'\]",
