@@ -18,7 +18,7 @@ and how many distinct agents it evaluated. Per arm: the mean over seeds with a 9
 (seeds also redraw the data splits, so the interval covers both). Writes
 ``bench/results/search_compare.json`` and ``search_compare.md`` (the README's table).
 
-    python bench/search_compare.py [--tasks ...] [--arms islands,adaptive] [--seeds 0,1,2] [--budget 480]
+    python bench/search_compare.py [--tasks ...] [--arms islands,adaptive] [--seeds 0,1,2] [--budget 240] [--val 16]
 """
 
 from __future__ import annotations
@@ -50,17 +50,21 @@ ARMS: dict[str, dict[str, Any]] = {
 DEFAULT_ARMS = ("islands", "dgm", "map_elites", "pareto", "adaptive")  # novelty: --arms
 EXTRA_OPERATORS = ("decompose", "best_of_n", "reflexion_retry")
 DEFAULT_TASKS = ("examples/arithmetic/task.yaml", "examples/chained_ops/task.yaml")
+VAL = 16  # val inputs per candidate: a small CPU's budget buys twice the children of the tasks' 32
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 MARK = "ARM-RESULT "
 
 
-def spec_for(task: str, arm: str, seed: int, budget: int, out: str) -> Any:
-    """The task as ``arm`` searches it: no RL, the budget as the stop, the shared operators."""
+def spec_for(task: str, arm: str, seed: int, budget: int, out: str, val: int = VAL) -> Any:
+    """The task as ``arm`` searches it: no RL, the budget as the stop, the shared operators,
+    a val split of ``val`` inputs (half of them the cascade's minibatch)."""
     from evoagent import runner
     from evoagent.spec.config import RunSpec
 
     d = runner.prepare(task, output=out).model_dump(mode="json")
     d["seed"] = seed
+    d["task"]["splits"]["val"] = val
+    d["evolve"]["cascade"]["minibatch"] = max(1, val // 2)
     d["rl"]["enabled"] = False
     ops = d["evolve"]["operators"]
     ops += [{"name": n, "weight": 1.0} for n in EXTRA_OPERATORS if n not in {o["name"] for o in ops}]
@@ -70,12 +74,12 @@ def spec_for(task: str, arm: str, seed: int, budget: int, out: str) -> Any:
     return RunSpec.model_validate(d)
 
 
-def run_arm(task: str, arm: str, seed: int, budget: int) -> dict[str, Any]:
+def run_arm(task: str, arm: str, seed: int, budget: int, val: int) -> dict[str, Any]:
     from evoagent.archive.store import Archive
 
     out = tempfile.mkdtemp(prefix="evoagent-search-compare-")
     try:
-        spec = spec_for(task, arm, seed, budget, out)
+        spec = spec_for(task, arm, seed, budget, out, val)
         figures = run_search(spec)
         with Archive(spec.run_dir, write=False) as a:
             evaluated = {e.agent_id for e in a.evaluations()}
@@ -88,8 +92,8 @@ def run_arm(task: str, arm: str, seed: int, budget: int) -> dict[str, Any]:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def spawn(task: str, arm: str, seed: int, budget: int) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--one", task, arm, str(seed), "--budget", str(budget)]
+def spawn(task: str, arm: str, seed: int, budget: int, val: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--one", task, arm, str(seed), "--budget", str(budget), "--val", str(val)]
     print(f"== {Path(task).parent.name} / {arm} / seed {seed} (budget {budget} calls)", flush=True)
     return run_marked(cmd, MARK, f"{arm} on {task} (seed {seed})", tail=1500)
 
@@ -112,7 +116,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(figures: dict[str, Any]) -> str:
-    lines = [f"Budget {figures['budget']} model completions per run, seeds {figures['seeds']} "
+    lines = [f"Budget {figures['budget']} model completions per run, {figures['val']} val inputs, "
+             f"seeds {figures['seeds']} "
              f"(mean, 95% t-interval over seeds); `{figures['command']}`", "",
              "| task | arm | best val | test | distinct agents evaluated | calls |", "|---|---|---|---|---|---|"]
     for task, t in figures["tasks"].items():
@@ -130,12 +135,13 @@ def main() -> None:
     ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--budget", type=int, default=480)
+    ap.add_argument("--budget", type=int, default=240)
+    ap.add_argument("--val", type=int, default=VAL)
     ap.add_argument("--one", nargs=3, metavar=("TASK", "ARM", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         task, arm, seed = args.one
-        print(MARK + json.dumps(run_arm(task, arm, int(seed), args.budget)), flush=True)
+        print(MARK + json.dumps(run_arm(task, arm, int(seed), args.budget, args.val)), flush=True)
         return
     arms = args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
@@ -146,11 +152,11 @@ def main() -> None:
     tasks: dict[str, Any] = {}
     for task in args.tasks.split(","):
         name = Path(task).parent.name
-        tasks[name] = {"arms": {arm: summarize([spawn(task, arm, s, args.budget) for s in seeds]) for arm in arms}}
+        tasks[name] = {"arms": {arm: summarize([spawn(task, arm, s, args.budget, args.val) for s in seeds]) for arm in arms}}
     command = "python bench/search_compare.py" + "".join(
         f" --{k} {v}" for k, v in (("tasks", args.tasks), ("arms", args.arms), ("seeds", args.seeds),
-                                   ("budget", args.budget)) if v != ap.get_default(k))
-    figures = {"budget": args.budget, "seeds": seeds, "command": command, "machine": f"{os.cpu_count()} cores",
+                                   ("budget", args.budget), ("val", args.val)) if v != ap.get_default(k))
+    figures = {"budget": args.budget, "val": args.val, "seeds": seeds, "command": command, "machine": f"{os.cpu_count()} cores",
                "wall_s": round(time.perf_counter() - start, 1), "versions": versions(), "tasks": tasks}
     write_results("search_compare", figures)
     (RESULTS / "search_compare.md").write_text(markdown(figures))
