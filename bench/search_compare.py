@@ -53,6 +53,7 @@ DEFAULT_TASKS = ("examples/arithmetic/task.yaml", "examples/chained_ops/task.yam
 VAL = 16  # val inputs per candidate: a small CPU's budget buys twice the children of the tasks' 32
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 MARK = "ARM-RESULT "
+PARTIAL = RESULTS / "search_compare.partial.jsonl"  # finished runs of an unfinished benchmark
 
 
 def spec_for(task: str, arm: str, seed: int, budget: int, out: str, val: int = VAL) -> Any:
@@ -93,9 +94,20 @@ def run_arm(task: str, arm: str, seed: int, budget: int, val: int) -> dict[str, 
 
 
 def spawn(task: str, arm: str, seed: int, budget: int, val: int) -> dict[str, Any]:
+    """One run in its own process; finished runs are kept in ``PARTIAL`` (one JSON line each),
+    so an interrupted benchmark started again with the same settings skips them."""
+    key = {"task": Path(task).parent.name, "arm": arm, "seed": seed, "budget": budget, "val": val}
+    done = [json.loads(ln) for ln in PARTIAL.read_text().splitlines()] if PARTIAL.is_file() else []
+    for row in done:
+        if row["key"] == key:
+            print(f"== {key['task']} / {arm} / seed {seed}: kept from {PARTIAL.name}", flush=True)
+            return row["result"]
     cmd = [sys.executable, __file__, "--one", task, arm, str(seed), "--budget", str(budget), "--val", str(val)]
-    print(f"== {Path(task).parent.name} / {arm} / seed {seed} (budget {budget} calls)", flush=True)
-    return run_marked(cmd, MARK, f"{arm} on {task} (seed {seed})", tail=1500)
+    print(f"== {key['task']} / {arm} / seed {seed} (budget {budget} calls)", flush=True)
+    result = run_marked(cmd, MARK, f"{arm} on {task} (seed {seed})", tail=1500)
+    with PARTIAL.open("a") as f:
+        f.write(json.dumps({"key": key, "result": result}) + "\n")
+    return result
 
 
 def mean_ci(xs: list[float]) -> tuple[float, list[float]]:
@@ -160,6 +172,7 @@ def main() -> None:
                "wall_s": round(time.perf_counter() - start, 1), "versions": versions(), "tasks": tasks}
     write_results("search_compare", figures)
     (RESULTS / "search_compare.md").write_text(markdown(figures))
+    PARTIAL.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
