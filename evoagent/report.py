@@ -214,17 +214,15 @@ def _operators(archive: Archive) -> str:
 
 def _grid(archive: Archive, version: int) -> str:
     """The MAP-Elites grid of a run that selected by it ('' for any other strategy)."""
-    from evoagent.evolve.descriptors import get_descriptor
+    from evoagent.evolve.breeding import selection_pool
     from evoagent.evolve.map_elites import grid
-    from evoagent.evolve.selection import Candidate, Pool
     from evoagent.spec.config import RunSpec
 
     raw = archive.run_spec()
     selection = RunSpec.model_validate_json(raw).evolve.selection if raw else None
     if selection is None or selection.kind != "map_elites":
         return ""
-    pool = Pool([Candidate(*r) for r in archive.candidates("val", version)],
-                measure=lambda name, ids: get_descriptor(name)(archive, ids))
+    pool = selection_pool(archive, version)
     axes = selection.descriptors
 
     def span(axis: int, b: int) -> str:

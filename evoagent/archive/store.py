@@ -25,7 +25,6 @@ from evoagent.graph.io import graph_from_dict
 from evoagent.graph.model import AgentGraph
 
 SCHEMA_VERSION = 3  # v2: lineage; v3: status 'duplicate', insights (older archives upgrade on write)
-STATUSES = ("ok", "invalid", "crashed", "duplicate")  # duplicate: refused by novelty, never run
 DB_NAME = "archive.sqlite"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

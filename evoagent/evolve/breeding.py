@@ -33,6 +33,26 @@ from evoagent.tasks.datasets import Example
 from evoagent.tools import known_tools
 from evoagent.usercode import UserCode
 
+
+def candidates(archive: Archive, version: int) -> list[Candidate]:
+    """Every valid agent with a full val score, its latest up to ``version`` (one SQL query,
+    no graphs): an RL phase re-scores only the top agents, and the rest stay selectable."""
+    return [Candidate(*row) for row in archive.candidates("val", version)]
+
+
+def selection_pool(archive: Archive, version: int) -> Pool:
+    """The selection pool, with what pareto and map_elites read from the archive on demand."""
+    cands = candidates(archive, version)
+
+    def instances() -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for v in {c.version for c in cands}:  # each agent's rewards under its own version
+            out.update(instance_scores(archive, [c.id for c in cands if c.version == v], v))
+        return out
+
+    return Pool(cands, instances, lambda name, ids: get_descriptor(name)(archive, ids))
+
+
 REDRAWS = 4  # draws per child slot while it rebuilds a known agent or its operator does not apply
 MUTATOR_FAILED = "the mutator backend failed"
 RESCORE_FAILED = "the backend failed while re-scoring parent"
@@ -63,23 +83,6 @@ class Breeder:
         self.operators = [(get_operator(o.name), o.weight) for o in self.spec.evolve.operators]
         self.select = get_selector(self.spec.evolve.selection.kind)
         self.tools = sorted(set(known_tools()) | set(self.spec.task.tools))
-
-    def pool(self, version: int) -> Pool:
-        """The selection pool, with what pareto and map_elites read from the archive on demand."""
-        cands = self._candidates(version)
-
-        def instances() -> dict[str, dict[str, float]]:
-            out: dict[str, dict[str, float]] = {}
-            for v in {c.version for c in cands}:  # each agent's rewards under its own version
-                out.update(instance_scores(self.archive, [c.id for c in cands if c.version == v], v))
-            return out
-
-        return Pool(cands, instances, lambda name, ids: get_descriptor(name)(self.archive, ids))
-
-    def _candidates(self, version: int) -> list[Candidate]:
-        """Every valid agent with a full val score, its latest up to ``version`` (one SQL query,
-        no graphs): an RL phase re-scores only the top agents, and the rest stay selectable."""
-        return [Candidate(*row) for row in self.archive.candidates("val", version)]
 
     async def breed(self, gen: int, pool: Pool, pending: Pending) -> list[tuple[AgentRecord, AgentGraph]]:
         """This generation's children, one per slot, into ``pending`` (invalid, crashed and

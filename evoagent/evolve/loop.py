@@ -20,7 +20,13 @@ from pathlib import Path
 
 from evoagent.archive.store import AgentRecord, Archive
 from evoagent.errors import BackendError, EvoagentError
-from evoagent.evolve.breeding import MUTATOR_FAILED, RESCORE_FAILED, Breeder
+from evoagent.evolve.breeding import (
+    MUTATOR_FAILED,
+    RESCORE_FAILED,
+    Breeder,
+    candidates,
+    selection_pool,
+)
 from evoagent.evolve.cascade import cascade
 from evoagent.evolve.hooks import NullReporter, Reporter, RLHook, SearchResult
 from evoagent.evolve.insights import Insight, contrast_pairs, learn
@@ -146,7 +152,7 @@ class Search:
 
     async def _generation(self, gen: int, version: int) -> int:
         pending = Pending(gen, version)
-        pool = self.breeder.pool(version)
+        pool = selection_pool(self.archive, version)
         if not len(pool):
             raise EvoagentError("no valid scored agent to evolve from (all seeds failed?)")
         children = await self.breeder.breed(gen, pool, pending)
@@ -236,7 +242,7 @@ class Search:
         children = [Candidate(a, fresh[a], 0, 0, gen, version) for a in graphs]  # not yet committed
         archived = [  # parents re-scored this generation rank by their new score
             replace(c, score=fresh[c.id], version=version) if c.id in fresh else c
-            for c in self.breeder.pool(version).candidates
+            for c in candidates(self.archive, version)
         ]
         pool = sorted(archived + children, key=lambda c: (-c.score, c.generation, c.id))
         graph = lambda c: graphs.get(c.id) or self.archive.graph(c.id)  # noqa: E731

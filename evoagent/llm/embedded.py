@@ -42,6 +42,15 @@ def gguf_path() -> Path:
     return path
 
 
+def model_folder(name: str, field: str = "policy.model") -> Path:
+    """The Hugging Face folder ``name`` names: the embedded model's (converted on first use)
+    or a folder holding a ``config.json``; anything else is a BackendError naming ``field``."""
+    folder = embedded_model_dir() if name == EMBEDDED_NAME else Path(name)
+    if not (folder / "config.json").is_file():
+        raise BackendError(f"{field}: {folder} is not a Hugging Face model folder")
+    return folder
+
+
 def embedded_model_dir() -> Path:
     """Return the HF folder of the embedded model, converting the GGUF on first use."""
     target = cache_root() / "models" / _FOLDER

@@ -30,7 +30,6 @@ import copy
 import inspect
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,7 +42,7 @@ from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.decode import Sampling, decode, forward
-from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
+from evoagent.llm.embedded import model_folder
 from evoagent.llm.kv import INDEX, KV, PrefixStore, common_prefix, layout, row_kv
 from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.llm.weights import load_served
@@ -57,9 +56,7 @@ def load_model(cfg: BackendConfig) -> tuple[Any, Any]:
     """Load (model, tokenizer) named by ``cfg.model``; never touches the network."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = embedded_model_dir() if cfg.model == EMBEDDED_NAME else Path(cfg.model)
-    if not (folder / "config.json").is_file():
-        raise BackendError(f"policy.model: {folder} is not a Hugging Face model folder")
+    folder = model_folder(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=_DTYPES[cfg.dtype], local_files_only=True

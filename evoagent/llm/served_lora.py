@@ -26,24 +26,18 @@ from typing import Any
 import httpx
 
 from evoagent.errors import BackendError
-from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
+from evoagent.llm.embedded import EMBEDDED_NAME, model_folder
 from evoagent.llm.openai import EXTRAS, OpenAIBackend
 from evoagent.spec.config import BackendConfig
 
 SERVER_FLAGS = "--enable-lora --max-lora-rank {rank} with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
 
 
-def weights_folder(cfg: BackendConfig) -> Path:
-    """The local copy RL trains (``weights``: 'embedded' or an HF folder)."""
-    assert cfg.weights is not None
-    return embedded_model_dir() if cfg.weights == EMBEDDED_NAME else Path(cfg.weights)
-
-
 def check_trainable(cfg: BackendConfig, field: str, headers: dict[str, str]) -> None:
     """Preflight of a served policy RL trains: the local copy exists, the server returns the
     sampled token ids and logprobs, and it can load adapters at run time."""
-    if cfg.weights != EMBEDDED_NAME and not (Path(str(cfg.weights)) / "config.json").is_file():
-        raise BackendError(f"{field}.weights: {cfg.weights} is not a Hugging Face model folder")
+    if cfg.weights != EMBEDDED_NAME:  # the embedded model is converted when first loaded, not here
+        model_folder(str(cfg.weights), f"{field}.weights")
     url = cfg.base_url or ""
     probe = {"model": cfg.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
              "temperature": 0.0, **EXTRAS}
@@ -79,7 +73,7 @@ class ServedPolicy(OpenAIBackend):
         from transformers import AutoTokenizer
 
         super().__init__(cfg)
-        folder = weights_folder(cfg)
+        folder = model_folder(str(cfg.weights), "policy.weights")
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.adapters = Path(cfg.adapter_dir or tempfile.mkdtemp(prefix="evoagent-served-lora-"))
@@ -94,7 +88,7 @@ class ServedPolicy(OpenAIBackend):
         if self._trained is None:
             from evoagent.llm.hf import load_model
 
-            self._trained, _ = load_model(self.cfg.model_copy(update={"model": str(weights_folder(self.cfg))}))
+            self._trained, _ = load_model(self.cfg.model_copy(update={"model": self.cfg.weights}))
         return self._trained
 
     def sync_weights(self, model: Any) -> None:

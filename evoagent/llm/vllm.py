@@ -35,7 +35,7 @@ from evoagent.llm.backend import lora_fits, register_backend
 from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
-from evoagent.llm.embedded import EMBEDDED_NAME, embedded_model_dir
+from evoagent.llm.embedded import model_folder
 from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.llm.weights import served_weights
 from evoagent.spec.config import BackendConfig
@@ -70,9 +70,7 @@ class VLLMBackend:
         vllm = import_vllm()
         threads = torch.get_num_threads()
         self.cfg = cfg
-        self.folder = embedded_model_dir() if cfg.model == EMBEDDED_NAME else Path(cfg.model)
-        if not (self.folder / "config.json").is_file():
-            raise BackendError(f"policy.model: {self.folder} is not a Hugging Face model folder")
+        self.folder = model_folder(cfg.model)
         try:
             self.engine = vllm.LLM(
                 model=str(self.folder), dtype=cfg.dtype, max_model_len=cfg.max_context,

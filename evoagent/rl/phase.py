@@ -138,12 +138,14 @@ class RLPhase:
         per_step: list[dict[str, float]] = []
         rollouts: list[Trajectory] = []
         trained = 0
+        curriculum = self.cfg.curriculum.enabled
+        archived = self.history([ex.id for ex in train]) if curriculum and self.history else []
         for step in range(self.cfg.steps):
             rng = random.Random(request_seed(self.seed, "rl", generation, step))
             drawn = min(self.cfg.inputs_per_step * self.cfg.oversample, len(train))
-            if self.cfg.curriculum.enabled:  # the inputs the elite solve sometimes come first
-                record = (self.history([ex.id for ex in train]) if self.history else []) + rollouts
-                inputs = draw_inputs(train, drawn, success_rates(record), self.cfg.curriculum, rng)
+            if curriculum:  # the inputs the elite solve sometimes come first
+                rates = success_rates(archived + rollouts)  # the archive's record and this phase's
+                inputs = draw_inputs(train, drawn, rates, self.cfg.curriculum, rng)
             else:
                 inputs = rng.sample(list(train), drawn)
             first = 1_000_000 * generation + self.cfg.group_size * step
