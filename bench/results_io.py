@@ -31,3 +31,20 @@ def run_marked(cmd: list[str], mark: str, what: str, tail: int = 4000) -> dict[s
     if proc.returncode != 0 or not found:
         sys.exit(f"{what} failed (exit {proc.returncode}); nothing was written")
     return json.loads(found[0][len(mark):])
+
+
+def run_kept(cmd: list[str], mark: str, what: str, key: dict[str, Any], partial: Path, tail: int = 4000) -> dict[str, Any]:
+    """``run_marked``, keeping each finished run in ``partial`` (one JSON line each, keyed by
+    ``key``): a long benchmark that is interrupted and started again with the same settings
+    skips what it already has. The benchmark removes ``partial`` once it has written its
+    results."""
+    done = [json.loads(ln) for ln in partial.read_text().splitlines()] if partial.is_file() else []
+    for row in done:
+        if row["key"] == key:
+            print(f"== {what}: kept from {partial.name}", flush=True)
+            return row["result"]
+    print(f"== {what}", flush=True)
+    result = run_marked(cmd, mark, what, tail=tail)
+    with partial.open("a") as f:
+        f.write(json.dumps({"key": key, "result": result}) + "\n")
+    return result

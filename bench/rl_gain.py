@@ -60,6 +60,25 @@ def mean_ci(xs: list[float], z: float = 1.96) -> tuple[float, float, float]:
     return m, m - z * sd / math.sqrt(n), m + z * sd / math.sqrt(n)
 
 
+def chain_sum_split() -> tuple[list[Any], list[Any]]:
+    """(held-out, train) examples of one-digit ``chain_sum`` pairs. There are only 100 distinct
+    questions: the split is by question text, so no held-out question is ever trained on (a
+    split by index would share most of them)."""
+    from evoagent.spec.config import DatasetConfig
+    from evoagent.tasks.datasets import load_examples
+
+    data = load_examples(
+        DatasetConfig(kind="reasoning_gym", name="chain_sum", size=512,
+                      options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}),
+        seed=7, base_dir=ROOT,
+    )
+    first: dict[str, Any] = {}
+    for ex in data:
+        first.setdefault(ex.input, ex)
+    held = list(first.values())[:HELD_OUT_QUESTIONS]
+    return held, [ex for ex in data if ex.input not in {h.input for h in held}]
+
+
 def arm(kind: str, algorithm: str, steps: int) -> dict[str, Any]:
     """Train one arm on a fresh model and score the held-out split before and after."""
     import torch
@@ -79,18 +98,7 @@ def arm(kind: str, algorithm: str, steps: int) -> dict[str, Any]:
     backend = HFBackend(BackendConfig(dtype="bfloat16", max_batch=64, cache=False))
     ctx = ExecContext(backend, ToolContext(), seed=0)
     if kind == "chain_sum":
-        data = load_examples(
-            DatasetConfig(kind="reasoning_gym", name="chain_sum", size=512,
-                          options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}),
-            seed=7, base_dir=ROOT,
-        )
-        # One-digit pairs give only 100 distinct questions: split by question text, so that
-        # no held-out question is ever trained on (a split by index would share most of them).
-        first: dict[str, Any] = {}
-        for ex in data:
-            first.setdefault(ex.input, ex)
-        held = list(first.values())[:HELD_OUT_QUESTIONS]
-        train = [ex for ex in data if ex.input not in {h.input for h in held}]
+        held, train = chain_sum_split()
         graph = AgentGraph(entry="answer", exit="answer", nodes=(LLMNode(
             id="answer", system="Answer the question. Reply with the final answer only.",
             max_tokens=32),))

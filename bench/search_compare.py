@@ -16,7 +16,8 @@ free), all with the same operators (the task's plus ``decompose``, ``best_of_n``
 Each run reports its best val score, the best agent's test score (scored once), what it spent
 and how many distinct agents it evaluated. Per arm: the mean over seeds with a 95% t-interval
 (seeds also redraw the data splits, so the interval covers both). Writes
-``bench/results/search_compare.json`` and ``search_compare.md`` (the README's table).
+``bench/results/search_compare.json``, ``search_compare.md`` (the README's table) and
+``search_compare.html`` (the drawing; ``--draw`` redraws it from the JSON).
 
     python bench/search_compare.py [--tasks ...] [--arms islands,adaptive] [--seeds 0,1,2] [--budget 240] [--val 16]
 """
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 from headline import run_search, versions
-from results_io import RESULTS, run_marked, write_results
+from results_io import RESULTS, run_kept, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS: dict[str, dict[str, Any]] = {
@@ -97,17 +98,8 @@ def spawn(task: str, arm: str, seed: int, budget: int, val: int) -> dict[str, An
     """One run in its own process; finished runs are kept in ``PARTIAL`` (one JSON line each),
     so an interrupted benchmark started again with the same settings skips them."""
     key = {"task": Path(task).parent.name, "arm": arm, "seed": seed, "budget": budget, "val": val}
-    done = [json.loads(ln) for ln in PARTIAL.read_text().splitlines()] if PARTIAL.is_file() else []
-    for row in done:
-        if row["key"] == key:
-            print(f"== {key['task']} / {arm} / seed {seed}: kept from {PARTIAL.name}", flush=True)
-            return row["result"]
     cmd = [sys.executable, __file__, "--one", task, arm, str(seed), "--budget", str(budget), "--val", str(val)]
-    print(f"== {key['task']} / {arm} / seed {seed} (budget {budget} calls)", flush=True)
-    result = run_marked(cmd, MARK, f"{arm} on {task} (seed {seed})", tail=1500)
-    with PARTIAL.open("a") as f:
-        f.write(json.dumps({"key": key, "result": result}) + "\n")
-    return result
+    return run_kept(cmd, MARK, f"{key['task']} / {arm} / seed {seed} (budget {budget} calls)", key, PARTIAL, tail=1500)
 
 
 def mean_ci(xs: list[float]) -> tuple[float, list[float]]:
@@ -142,6 +134,37 @@ def markdown(figures: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def draw(figures: dict[str, Any]) -> Path:
+    """``bench/results/search_compare.html``: per task, each arm's best val and test score with
+    its 95% interval (hover: distinct agents evaluated, calls). Self-contained (plotly.js
+    embedded, so it opens offline; ignored by git for its size)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    tasks = list(figures["tasks"])
+    fig = make_subplots(rows=1, cols=len(tasks), subplot_titles=tasks, shared_yaxes=True)
+    for col, task in enumerate(tasks, start=1):
+        arms = figures["tasks"][task]["arms"]
+        for key, colour in (("val", "#1f77b4"), ("test", "#d62728")):
+            mean = [a[key] for a in arms.values()]
+            fig.add_trace(go.Scatter(
+                x=list(arms), y=mean, mode="markers", name=f"best {key}" if key == "val" else "test of the best",
+                marker={"color": colour, "size": 10}, legendgroup=key, showlegend=col == 1,
+                error_y={"type": "data", "symmetric": False,
+                         "array": [a[f"{key}_ci"][1] - m for a, m in zip(arms.values(), mean)],
+                         "arrayminus": [m - a[f"{key}_ci"][0] for a, m in zip(arms.values(), mean)]},
+                customdata=[[a["distinct_evaluated"], a["calls"]] for a in arms.values()],
+                hovertemplate="%{x}: %{y:.3f}<br>%{customdata[0]:.1f} distinct agents, %{customdata[1]:.0f} calls",
+            ), row=1, col=col)
+    fig.update_yaxes(range=[0, 1], title_text="score (mean over seeds, 95% t-interval)", row=1, col=1)
+    fig.update_layout(title=f"Search strategies at {figures['budget']} model completions per run, "
+                            f"seeds {figures['seeds']}", height=480)
+    dest = RESULTS / "search_compare.html"
+    fig.write_html(str(dest), include_plotlyjs=True, full_html=True)
+    print(f"wrote {dest}")
+    return dest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
@@ -149,8 +172,12 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--budget", type=int, default=240)
     ap.add_argument("--val", type=int, default=VAL)
+    ap.add_argument("--draw", action="store_true", help="only redraw search_compare.html from search_compare.json")
     ap.add_argument("--one", nargs=3, metavar=("TASK", "ARM", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.draw:
+        draw(json.loads((RESULTS / "search_compare.json").read_text()))
+        return
     if args.one:
         task, arm, seed = args.one
         print(MARK + json.dumps(run_arm(task, arm, int(seed), args.budget, args.val)), flush=True)
@@ -172,6 +199,7 @@ def main() -> None:
                "wall_s": round(time.perf_counter() - start, 1), "versions": versions(), "tasks": tasks}
     write_results("search_compare", figures)
     (RESULTS / "search_compare.md").write_text(markdown(figures))
+    draw(figures)
     PARTIAL.unlink(missing_ok=True)
 
 

@@ -4,7 +4,8 @@ export it to a folder that runs on its own (``archive export``).
 An agent is a graph *and* the policy weights it was scored with: its weights version is the
 newest one under which it has a full val score, and that version's RL checkpoint (a LoRA
 adapter over the run's policy model) is loaded with it. The export writes the adapter in
-peft's own format (``adapter_config.json`` + ``adapter_model.safetensors``), so any peft user
+peft's own format (``adapter_config.json`` + ``adapter_model.safetensors``; with
+``rl.adapters: per_node`` one such folder per node, ``adapter/<node id>/``), so any peft user
 can load it, next to the graph YAML and a ``run.py`` that runs the agent with evoagent's
 executor and nothing of its search.
 """
@@ -26,7 +27,7 @@ from evoagent.graph.io import dump_graph, load_graph
 from evoagent.graph.model import AgentGraph
 from evoagent.llm.backend import SupportsTraining, make_backend
 from evoagent.rl.config import RLConfig
-from evoagent.rl.policy import load_trained, lora_config
+from evoagent.rl.policy import by_node, load_trained, lora_config
 from evoagent.spec.config import BackendConfig, RunSpec, TaskConfig
 from evoagent.tasks.datasets import Example, load_examples
 from evoagent.tools import SandboxConfig, ToolContext
@@ -108,10 +109,14 @@ async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None)
             if not isinstance(backend, SupportsTraining):
                 raise RLError(f"policy.kind {agent.policy.kind!r} cannot load trained weights")
             weights = (adapter_weights(agent.checkpoint) if agent.checkpoint is not None
-                       else load_file(str(adapter / _WEIGHTS[agent.rl.full_finetune])))  # type: ignore[operator]
+                       else exported_weights(adapter, agent.rl))  # type: ignore[arg-type]
+            if agent.rl.adapters == "per_node":  # this agent's nodes only: one model copy each
+                own = {n.id for n in agent.graph.nodes}
+                weights = {k: v for k, v in weights.items() if k.partition("/")[0] in own}
             backend.sync_weights(load_trained(backend.trainable_model(), weights, agent.rl))
         backend.weights_version = agent.weights_version
-        ctx = ExecContext(backend, ToolContext(agent.sandbox), seed=agent.seed)
+        ctx = ExecContext(backend, ToolContext(agent.sandbox), seed=agent.seed,
+                          node_adapters=agent.rl.adapters == "per_node")
         return await execute(agent.graph, replay_example(agent, text), ctx)
     finally:
         await backend.aclose()
@@ -120,17 +125,33 @@ async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None)
 _WEIGHTS = {False: "adapter_model.safetensors", True: "model_weights.safetensors"}
 
 
+def exported_weights(folder: Path, rl: RLConfig) -> dict[str, torch.Tensor]:
+    """The weights ``export`` wrote to ``folder``, as a checkpoint holds them."""
+    if rl.adapters != "per_node":
+        return load_file(str(folder / _WEIGHTS[rl.full_finetune]))
+    return {f"{node.name}/{k}": v for node in sorted(folder.iterdir()) if node.is_dir()
+            for k, v in load_file(str(node / _WEIGHTS[False])).items()}
+
+
 def export(agent: ArchivedAgent, out: Path) -> list[Path]:
-    """Write graph.yaml, agent.json (policy, sandbox, seed), the adapter and run.py to ``out``."""
+    """Write graph.yaml, agent.json (policy, sandbox, seed), the adapter and run.py to ``out``.
+
+    Per node, only the adapters of this agent's nodes are written."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "graph.yaml").write_text(dump_graph(agent.graph.model_copy(update={"name": agent.id})))
     written = [out / "graph.yaml", out / "agent.json", out / "run.py"]
     if agent.checkpoint is not None:
         weights = {k: v.contiguous() for k, v in adapter_weights(agent.checkpoint).items()}
+        folders = {ADAPTER_DIR: weights}
+        if agent.rl.adapters == "per_node":
+            own = {n.id for n in agent.graph.nodes}
+            folders = {f"{ADAPTER_DIR}/{node}": w for node, w in by_node(weights).items() if node in own}
         (out / ADAPTER_DIR).mkdir(exist_ok=True)
-        if not agent.rl.full_finetune:
-            lora_config(agent.rl).save_pretrained(str(out / ADAPTER_DIR))
-        save_file(weights, str(out / ADAPTER_DIR / _WEIGHTS[agent.rl.full_finetune]))
+        for folder, state in folders.items():
+            (out / folder).mkdir(exist_ok=True)
+            if not agent.rl.full_finetune:
+                lora_config(agent.rl).save_pretrained(str(out / folder))
+            save_file(state, str(out / folder / _WEIGHTS[agent.rl.full_finetune]))
         written.append(out / ADAPTER_DIR)
     meta = {
         "id": agent.id,
@@ -140,7 +161,7 @@ def export(agent: ArchivedAgent, out: Path) -> list[Path]:
         "sandbox": agent.sandbox.model_dump(mode="json"),
         "seed": agent.seed,
         "rl": {"lora_rank": agent.rl.lora_rank, "lora_alpha": agent.rl.lora_alpha,
-               "full_finetune": agent.rl.full_finetune},
+               "full_finetune": agent.rl.full_finetune, "adapters": agent.rl.adapters},
     }
     (out / "agent.json").write_text(json.dumps(meta, indent=2) + "\n")
     (out / "run.py").write_text(RUN_PY)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from evoagent.llm.weights import BASE_ADAPTER
 from evoagent.rl.config import RLConfig
-from evoagent.rl.policy import attach_lora
+from evoagent.rl.policy import add_node_adapter, attach_lora
 
 
 def trained_lora(backend, rank: int, std: float):
@@ -15,6 +16,22 @@ def trained_lora(backend, rank: int, std: float):
     model = attach_lora(backend.trainable_model(), RLConfig(enabled=True, lora_rank=rank, lora_alpha=2 * rank))
     set_lora_b(model, std)
     return model
+
+
+def node_loras(model, nodes, rank: int, std: float):
+    """``model`` (a fresh transformers copy) under ``rl.adapters: per_node`` with an adapter for
+    each of ``nodes``, B ~ N(0, std); the never-trained base adapter keeps B = 0, as training
+    leaves it."""
+    cfg = RLConfig(enabled=True, lora_rank=rank, lora_alpha=2 * rank, adapters="per_node")
+    peft = attach_lora(model, cfg)
+    for node in nodes:
+        add_node_adapter(peft, node, cfg, seed=0)
+    set_lora_b(peft, std)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if name.split(".")[-2] == BASE_ADAPTER:
+                p.zero_()
+    return peft
 
 
 def set_lora_b(model, std: float, seed: int = 1) -> None:

@@ -81,7 +81,8 @@ class EvalWorker:
         self.backend = make_backend(self.spec.policy)
         self.name = uuid.uuid4().hex  # the driver counts each worker's usage under this
         self.ctx = ExecContext(self.backend, ToolContext(self.spec.sandbox), seed=self.spec.seed,
-                               concurrency=self.spec.concurrency)
+                               concurrency=self.spec.concurrency,
+                               node_adapters=self.spec.rl.adapters == "per_node")
         self._trained: Any = None
 
     async def evaluate(

@@ -71,6 +71,8 @@ class ExecContext:
         gate: the semaphore enforcing ``concurrency``; ``dataclasses.replace`` hands it on.
         user: the worker processes that run the user's synchronous rewards and tools (killed
             when they hang); shared the same way.
+        node_adapters: each llm node's requests ask for the adapter named by its id
+            (``rl.adapters: per_node``).
     """
 
     llm: Backend
@@ -83,6 +85,7 @@ class ExecContext:
     concurrency: int = 64
     gate: asyncio.Semaphore | None = None
     user: UserCode = field(default_factory=UserCode)
+    node_adapters: bool = False
 
     def __post_init__(self) -> None:
         if self.gate is None:
@@ -220,7 +223,8 @@ async def _llm(
     temp = _temperature(node, ctx)
     n = node.samples if temp > 0 else 1  # greedy samples would all be equal
     reqs = [
-        GenerationRequest(tuple(messages), node.max_tokens, temp, request_seed(*seed, k))
+        GenerationRequest(tuple(messages), node.max_tokens, temp, request_seed(*seed, k),
+                          adapter=node.id if ctx.node_adapters else None)
         for k in range(n)
     ]
     t0 = time.perf_counter()
@@ -277,7 +281,7 @@ async def _loop(
         req = GenerationRequest(
             tuple(messages), node.max_tokens, _temperature(node, ctx),
             request_seed(*seed, turn), stop=stop, prefix_ids=prefix,
-            continued=turn + 1 < node.max_turns,
+            continued=turn + 1 < node.max_turns, adapter=node.id if ctx.node_adapters else None,
         )
         t0 = time.perf_counter()
         (g,) = await clock.generate(ctx.llm, [req])

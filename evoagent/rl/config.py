@@ -73,6 +73,12 @@ class RLConfig(BaseModel):
     lora_rank: int = Field(16, ge=1, description="LoRA rank r (Hu et al. 2021)")
     lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
     full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
+    adapters: Literal["shared", "per_node"] = Field(
+        "shared", description="'shared': one LoRA adapter serves every llm node; 'per_node': one "
+        "adapter per llm node id, each trained on its own node's tokens of the same episodes and "
+        "served to that node only (a node no phase has trained yet runs on the base weights; "
+        "policy.kind hf or vllm)",
+    )
     grad_accum: int = Field(1, ge=1, description="least micro-batches per optimizer step")
     micro_batch_tokens: int = Field(
         2048, ge=1,
@@ -156,6 +162,13 @@ class RLConfig(BaseModel):
                 "kl_beta > 0 needs the base model as reference, which only LoRA keeps "
                 "(disable the adapter); set full_finetune: false or kl_beta: 0"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_need_lora(self) -> RLConfig:
+        if self.adapters == "per_node" and self.full_finetune:
+            raise ValueError("adapters: per_node trains one LoRA adapter per node; full_finetune "
+                             "has one set of weights (set full_finetune: false or adapters: shared)")
         return self
 
     @model_validator(mode="after")

@@ -90,7 +90,8 @@ class RLPhase:
             raise SpecError("rl.enabled: the policy backend cannot be trained in place (use kind: hf)")
         self.cfg = cfg
         self.backend = backend
-        self.ctx = replace(ctx, temperature=cfg.temperature)  # same gate, tools and budgets
+        # same gate, tools and budgets; per node, each node asks for its own adapter
+        self.ctx = replace(ctx, temperature=cfg.temperature, node_adapters=cfg.adapters == "per_node")
         self.reward = reward
         self.dir = Path(run_dir) / "checkpoints"
         self.seed = seed

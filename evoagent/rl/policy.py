@@ -8,10 +8,18 @@ reference policy for the KL term, so no second copy of the weights is kept.
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+from peft import (
+    LoraConfig,
+    PeftModel,
+    get_peft_model,
+    get_peft_model_state_dict,
+    set_peft_model_state_dict,
+)
 from torch import Tensor, nn
 
 from evoagent.errors import RLError
+from evoagent.execute.executor import request_seed
+from evoagent.llm.weights import BASE_ADAPTER, adapter_name, node_adapters
 from evoagent.rl.config import RLConfig
 from evoagent.rl.packing import additive, pack
 
@@ -23,14 +31,58 @@ def attach_lora(model: nn.Module, cfg: RLConfig) -> nn.Module:
 
     Targets the attention and MLP projections of Llama-style models (Hu et al. 2021); lora_B starts
     at 0, so the wrapped model computes exactly what the base did. Raises RLError when the model
-    has none of those modules.
+    has none of those modules. With ``adapters: per_node`` the one adapter is ``BASE_ADAPTER``,
+    never trained (peft wants one to start from); ``add_node_adapter`` adds each node's.
     """
     if cfg.full_finetune:
         return model
+    name = BASE_ADAPTER if cfg.adapters == "per_node" else "default"
     try:
-        return get_peft_model(model, lora_config(cfg))
+        return get_peft_model(model, lora_config(cfg), adapter_name=name)
     except ValueError as e:
         raise RLError(f"cannot attach LoRA to {type(model).__name__}: {e}") from e
+
+
+def add_node_adapter(model: PeftModel, node: str, cfg: RLConfig, seed: int) -> list[nn.Parameter]:
+    """Give ``node`` an adapter of its own and return its parameters. Its lora_B starts at 0
+    (the node starts from the base weights) and its lora_A is drawn from a stream seeded by
+    (``seed``, ``node``), so the adapter is the same whichever phase first meets the node."""
+    with torch.random.fork_rng():
+        torch.manual_seed(request_seed(seed, "lora", node) % 2**31)
+        model.add_adapter(adapter_name(node), lora_config(cfg))
+    return [p for name, p in model.named_parameters() if name.split(".")[-2] == adapter_name(node)]
+
+
+def node_weights(model: PeftModel) -> dict[str, Tensor]:
+    """Every node adapter's LoRA state dict in one dict, keys ``"<node>/<peft key>"``, nodes
+    in the order they were added (a checkpoint's optimizer state follows that order)."""
+    return {f"{node}/{k}": v for node in node_adapters(model) or ()
+            for k, v in get_peft_model_state_dict(model, adapter_name=adapter_name(node)).items()}
+
+
+def by_node(weights: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+    """``node_weights``'s dict split into one peft state dict per node, in order."""
+    out: dict[str, dict[str, Tensor]] = {}
+    for key, value in weights.items():
+        node, sep, rest = key.partition("/")
+        if not sep:
+            raise RLError(f"weight {key!r} names no node: these are not per-node adapters")
+        out.setdefault(node, {})[rest] = value
+    return out
+
+
+def load_node_weights(model: PeftModel, weights: dict[str, Tensor], cfg: RLConfig) -> list[nn.Parameter]:
+    """Load ``node_weights``'s dict into ``model``, adding the adapters it lacks (in the
+    dict's order); returns the parameters of the added ones."""
+    added: list[nn.Parameter] = []
+    for node, state in by_node(weights).items():
+        if adapter_name(node) not in model.peft_config:
+            added += add_node_adapter(model, node, cfg, seed=0)  # its weights are loaded next
+        res = set_peft_model_state_dict(model, state, adapter_name=adapter_name(node))
+        unexpected: list[str] = res.unexpected_keys  # type: ignore[attr-defined]
+        if unexpected:
+            raise RLError(f"adapter of node {node!r} has unknown keys {unexpected[:3]}")
+    return added
 
 
 def lora_config(cfg: RLConfig) -> LoraConfig:
@@ -45,8 +97,11 @@ def load_trained(model: nn.Module, weights: dict[str, Tensor], cfg: RLConfig) ->
     if cfg.full_finetune:
         model.load_state_dict(weights)
         return model
-    peft = model if isinstance(model, PeftModel) else get_peft_model(model, lora_config(cfg))
-    set_peft_model_state_dict(peft, weights)
+    peft = model if isinstance(model, PeftModel) else attach_lora(model, cfg)
+    if cfg.adapters == "per_node":
+        load_node_weights(peft, weights, cfg)
+    else:
+        set_peft_model_state_dict(peft, weights)
     return peft
 
 

@@ -23,6 +23,10 @@ Departures from PPO/GRPO as usually written (TRL, verl):
   block mask) is the slower one here, most of all in backward (one GRPO step of the
   ``bench/rl_step.py`` shape: 3.37 s with sdpa, 3.03 s eager). Eager attention holds one
   layer's (B, H, L, L) weights at a time, which checkpointing bounds; without it, sdpa stays.
+- ``rl.adapters: per_node``: each node id gets its own LoRA adapter, added when a batch first
+  brings that node's tokens (its parameters join the optimizer's one group, so the schedule
+  covers them); rows are grouped by node and each micro-batch runs under its node's adapter,
+  so a node's tokens train only its adapter while the step's gradients accumulate together.
 - The trainer owns its torch RNG stream (dropout): each step runs under ``fork_rng`` from a state
   seeded by ``seed`` and saved in checkpoints, so training neither reads nor disturbs the
   process-wide RNG, and a resumed trainer continues bit for bit.
@@ -42,10 +46,18 @@ from torch import Tensor, nn
 
 from evoagent.errors import RLError
 from evoagent.heap import release_memory
+from evoagent.llm.weights import adapter_name
 from evoagent.rl.batch import TokenBatch
 from evoagent.rl.config import RLConfig
 from evoagent.rl.losses import LossConfig, LossInputs, dpo, get_aggregation, get_policy_loss
-from evoagent.rl.policy import base_model, reference_logprobs, token_logprobs
+from evoagent.rl.policy import (
+    add_node_adapter,
+    base_model,
+    load_node_weights,
+    node_weights,
+    reference_logprobs,
+    token_logprobs,
+)
 
 CHECKPOINT_FORMAT = 2  # 2: + scheduler state
 
@@ -72,6 +84,8 @@ class Trainer:
             if next(base.parameters()).device.type == "cpu" and hasattr(base, "set_attn_implementation"):
                 base.set_attn_implementation("eager")  # see the module docstring
         self.pad_id = pad_id
+        self.seed = seed
+        self.per_node = cfg.adapters == "per_node"
         self.step = 0
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
@@ -102,6 +116,7 @@ class Trainer:
         with torch.random.fork_rng(devices=self._rng_devices()), self._autocast():
             self._set_rng(self._rng)
             for mb, scale in zip(micro, scales):
+                self._use(mb)
                 out = self._loss(self._inputs(mb), self._loss_cfg)
                 (out.loss * scale).backward()
                 total += float(out.loss.detach()) * scale
@@ -134,6 +149,7 @@ class Trainer:
             ref = torch.zeros(n_ep, device=self._device)  # (E,)
             with torch.no_grad():
                 for mb in micro:
+                    self._use(mb)
                     args = (mb.input_ids, mb.attention_mask, t, mb.loss_mask)
                     policy.index_add_(0, mb.episode, _row_sums(token_logprobs(self.model, *args), mb))
                     ref.index_add_(0, mb.episode, _row_sums(reference_logprobs(self.model, *args), mb))
@@ -141,6 +157,7 @@ class Trainer:
             out = dpo(leaf[chosen], leaf[rejected], ref[chosen], ref[rejected], self.cfg.dpo_beta)
             (coeff,) = torch.autograd.grad(out.loss, leaf)  # (E,) d loss / d episode logprob
             for mb in micro:
+                self._use(mb)
                 logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, t, mb.loss_mask)
                 (_row_sums(logp, mb) * coeff[mb.episode]).sum().backward()
             self._rng = self._get_rng()
@@ -157,11 +174,27 @@ class Trainer:
         batch = batch.to(self._device)
         if batch.tokens == 0:
             raise RLError("batch has no trained tokens")
-        batch = batch.by_length()
-        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum)
+        if self.per_node:
+            if len(batch.node) != batch.rows:
+                raise RLError("rl.adapters per_node: the batch does not say which node each row comes from")
+            for node in dict.fromkeys(batch.node):
+                if adapter_name(node) not in self.model.peft_config:
+                    self._add_params(add_node_adapter(self.model, node, self.cfg, self.seed))
+        batch = batch.by_length(by_node=self.per_node)
+        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum, by_node=self.per_node)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         return batch, micro
+
+    def _use(self, mb: TokenBatch) -> None:
+        """Per node: run ``mb`` (one node's rows) under that node's adapter."""
+        if self.per_node:
+            self.model.set_adapter(adapter_name(mb.node[0]))
+
+    def _add_params(self, params: list[nn.Parameter]) -> None:
+        """A new node adapter's parameters join the optimizer (its one group: the schedule's)."""
+        self._params += params
+        self.optimizer.param_groups[0]["params"].extend(params)
 
     def _apply(self, loss: float) -> float:
         """Clip the accumulated gradients and take the optimizer and scheduler step; return the
@@ -248,7 +281,9 @@ class Trainer:
         if not isinstance(state, dict) or state.get("format") not in (1, CHECKPOINT_FORMAT):
             raise RLError(f"{path} is not a format-{CHECKPOINT_FORMAT} trainer checkpoint")
         try:
-            if isinstance(self.model, PeftModel):
+            if self.per_node:  # adapters in the order they were added: the optimizer's order
+                self._add_params(load_node_weights(self.model, state["weights"], self.cfg))
+            elif isinstance(self.model, PeftModel):
                 res = set_peft_model_state_dict(self.model, state["weights"])
                 # peft annotates the result as a bare namedtuple; it is torch's _IncompatibleKeys
                 unexpected: list[str] = res.unexpected_keys  # type: ignore[attr-defined]
@@ -267,7 +302,10 @@ class Trainer:
         self._rng = {k: v.cpu() for k, v in state["rng"].items()}
 
     def weights(self) -> dict[str, Tensor]:
-        """The trainable weights: the LoRA state dict, or with full fine-tuning every weight."""
+        """The trainable weights: the LoRA state dict (per node: ``policy.node_weights``), or
+        with full fine-tuning every weight."""
+        if self.per_node:
+            return node_weights(self.model)
         if isinstance(self.model, PeftModel):
             return get_peft_model_state_dict(self.model)
         return self.model.state_dict()

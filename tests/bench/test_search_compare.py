@@ -33,3 +33,14 @@ def test_the_summary_is_a_mean_with_a_t_interval_over_seeds():
     s = search_compare.summarize(runs)
     assert s["val"] == 0.6 and s["test"] == 0.5
     assert s["val_ci"] == pytest.approx([0.6 - 4.303 * 0.1 / 3**0.5, 0.6 + 4.303 * 0.1 / 3**0.5], abs=1e-4)
+
+
+def test_the_drawing_shows_each_task_and_arm_with_its_interval(tmp_path, monkeypatch):
+    monkeypatch.setattr(search_compare, "RESULTS", tmp_path)
+    runs = [{"val": v, "test": v - 0.1, "distinct_evaluated": 10, "calls": 240} for v in (0.5, 0.6, 0.7)]
+    arms = {"islands": search_compare.summarize(runs), "dgm": search_compare.summarize(runs[:1])}
+    figures = {"budget": 240, "seeds": [0, 1, 2], "tasks": {"arithmetic": {"arms": arms}, "chained_ops": {"arms": arms}}}
+    page = search_compare.draw(figures).read_text()
+    assert "arithmetic" in page and "chained_ops" in page and "islands" in page and "dgm" in page
+    assert "test of the best" in page and "distinct agents" in page
+    assert "Plotly.newPlot" in page and 'src="http' not in page  # plotly.js embedded: opens offline

@@ -152,6 +152,8 @@ CASES = [
          GOOD + "rl: {enabled: true}\n"),
     Case("lora-rank-over-vllm-max", r"rl\.lora_rank: 32 exceeds policy\.max_lora_rank \(16\)",
          spec_with("{kind: scripted}", "{kind: vllm}") + "rl: {enabled: true, lora_rank: 32}\n"),
+    Case("per-node-adapters-full-finetune", r"rl: .*adapters: per_node trains one LoRA adapter per node",
+         GOOD + "rl: {adapters: per_node, full_finetune: true}\n"),
     # -- model servers: checked before any model loads (nothing listens on port 9 here)
     Case("openai-without-base-url", r"policy: base_url: required for kind openai",
          spec_with("{kind: scripted}", "{kind: openai, model: m}")),
@@ -168,6 +170,9 @@ CASES = [
     Case("full-finetune-of-openai-policy", r"rl\.full_finetune: an openai policy is trained through LoRA adapters",
          spec_with("{kind: scripted}", "{kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1', weights: embedded}")
          + "rl: {enabled: true, full_finetune: true}\n"),
+    Case("per-node-adapters-on-openai", r"rl\.adapters: per_node serves each node its own adapter, which policy\.kind hf and vllm do",
+         spec_with("{kind: scripted}", "{kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1', weights: embedded}")
+         + "rl: {enabled: true, adapters: per_node}\n"),
     Case("openai-weights-without-rl", r"policy\.weights: only RL reads it, and rl\.enabled is false",
          spec_with("{kind: scripted}", "{kind: openai, model: m, base_url: 'http://127.0.0.1:9/v1', weights: embedded}")),
     Case("rl-on-openai-policy-server-not-answering", r"policy\.base_url: no answer from http://127\.0\.0\.1:9/v1/models",

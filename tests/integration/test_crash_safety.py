@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 SPEC = """
 name: crash
 seed: 5
@@ -69,13 +71,29 @@ def write_task(tmp_path: Path, model: Path) -> None:
     (tmp_path / "slow_reward.py").write_text(SLOW_REWARD)
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans():
+    """A run a failed test leaves going is killed: it would take the CPU of every later test."""
+    yield
+    for proc in STARTED:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    STARTED.clear()
+
+
 def start(cwd: Path, out: str, log: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "evoagent", "run", "task.yaml", "--output", out, "--progress", "jsonl",
          *extra],
         cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
+    STARTED.append(proc)
+    return proc
 
 
 def wait_for(proc: subprocess.Popen, log: Path, pattern: str, limit: float = 240) -> bool:

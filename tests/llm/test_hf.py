@@ -89,7 +89,7 @@ def test_a_call_over_the_token_budget_is_decoded_in_parts_with_the_same_results(
     parted = tiny_backend(cache=False, max_batch_tokens=60)
     calls = []
     decode = parted._decode
-    parted._decode = lambda rs, ps: calls.append(len(rs)) or decode(rs, ps)
+    parted._decode = lambda rs, ps, *served: calls.append(len(rs)) or decode(rs, ps, *served)
     got = asyncio.run(parted.generate(requests))
     assert len(calls) > 1 and sum(calls) == len(requests)
     assert [g.completion_ids for g in got] == [g.completion_ids for g in whole]

