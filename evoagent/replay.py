@@ -108,15 +108,12 @@ async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None)
         if agent.checkpoint is not None or adapter is not None:
             if not isinstance(backend, SupportsTraining):
                 raise RLError(f"policy.kind {agent.policy.kind!r} cannot load trained weights")
-            weights = (adapter_weights(agent.checkpoint) if agent.checkpoint is not None
-                       else exported_weights(adapter, agent.rl))  # type: ignore[arg-type]
-            if agent.rl.adapters == "per_node":  # this agent's nodes only: one model copy each
-                own = {n.id for n in agent.graph.nodes}
-                weights = {k: v for k, v in weights.items() if k.partition("/")[0] in own}
+            weights = own_weights(agent, adapter_weights(agent.checkpoint) if agent.checkpoint is not None
+                                  else exported_weights(adapter, agent.rl))  # type: ignore[arg-type]
             backend.sync_weights(load_trained(backend.trainable_model(), weights, agent.rl))
         backend.weights_version = agent.weights_version
         ctx = ExecContext(backend, ToolContext(agent.sandbox), seed=agent.seed,
-                          node_adapters=agent.rl.adapters == "per_node")
+                          node_adapters=agent.rl.per_node)
         return await execute(agent.graph, replay_example(agent, text), ctx)
     finally:
         await backend.aclose()
@@ -125,9 +122,18 @@ async def run_once(agent: ArchivedAgent, text: str, adapter: Path | None = None)
 _WEIGHTS = {False: "adapter_model.safetensors", True: "model_weights.safetensors"}
 
 
+def own_weights(agent: ArchivedAgent, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``weights`` as this agent needs them: per node, only its own nodes' adapters (the run's
+    others would each cost a served model copy); otherwise all of them."""
+    if not agent.rl.per_node:
+        return weights
+    own = {n.id for n in agent.graph.nodes}
+    return {k: v for k, v in weights.items() if k.partition("/")[0] in own}
+
+
 def exported_weights(folder: Path, rl: RLConfig) -> dict[str, torch.Tensor]:
     """The weights ``export`` wrote to ``folder``, as a checkpoint holds them."""
-    if rl.adapters != "per_node":
+    if not rl.per_node:
         return load_file(str(folder / _WEIGHTS[rl.full_finetune]))
     return {f"{node.name}/{k}": v for node in sorted(folder.iterdir()) if node.is_dir()
             for k, v in load_file(str(node / _WEIGHTS[False])).items()}
@@ -141,11 +147,10 @@ def export(agent: ArchivedAgent, out: Path) -> list[Path]:
     (out / "graph.yaml").write_text(dump_graph(agent.graph.model_copy(update={"name": agent.id})))
     written = [out / "graph.yaml", out / "agent.json", out / "run.py"]
     if agent.checkpoint is not None:
-        weights = {k: v.contiguous() for k, v in adapter_weights(agent.checkpoint).items()}
+        weights = {k: v.contiguous() for k, v in own_weights(agent, adapter_weights(agent.checkpoint)).items()}
         folders = {ADAPTER_DIR: weights}
-        if agent.rl.adapters == "per_node":
-            own = {n.id for n in agent.graph.nodes}
-            folders = {f"{ADAPTER_DIR}/{node}": w for node, w in by_node(weights).items() if node in own}
+        if agent.rl.per_node:
+            folders = {f"{ADAPTER_DIR}/{node}": w for node, w in by_node(weights).items()}
         (out / ADAPTER_DIR).mkdir(exist_ok=True)
         for folder, state in folders.items():
             (out / folder).mkdir(exist_ok=True)

@@ -8,7 +8,7 @@ import torch
 
 from evoagent.llm.weights import BASE_ADAPTER
 from evoagent.rl.config import RLConfig
-from evoagent.rl.policy import add_node_adapter, attach_lora
+from evoagent.rl.policy import add_node_adapters, attach_lora
 
 
 def trained_lora(backend, rank: int, std: float):
@@ -24,8 +24,7 @@ def node_loras(model, nodes, rank: int, std: float):
     leaves it."""
     cfg = RLConfig(enabled=True, lora_rank=rank, lora_alpha=2 * rank, adapters="per_node")
     peft = attach_lora(model, cfg)
-    for node in nodes:
-        add_node_adapter(peft, node, cfg, seed=0)
+    add_node_adapters(peft, nodes, cfg, seed=0)
     set_lora_b(peft, std)
     with torch.no_grad():
         for name, p in peft.named_parameters():

@@ -82,7 +82,7 @@ class EvalWorker:
         self.name = uuid.uuid4().hex  # the driver counts each worker's usage under this
         self.ctx = ExecContext(self.backend, ToolContext(self.spec.sandbox), seed=self.spec.seed,
                                concurrency=self.spec.concurrency,
-                               node_adapters=self.spec.rl.adapters == "per_node")
+                               node_adapters=self.spec.rl.per_node)
         self._trained: Any = None
 
     async def evaluate(

@@ -69,7 +69,7 @@ class Search:
         self.splits = split(examples, spec.task.splits, spec.seed)
         self.by_id = {e.id: e for e in examples}
         self.ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed,
-                               concurrency=spec.concurrency, node_adapters=spec.rl.adapters == "per_node")
+                               concurrency=spec.concurrency, node_adapters=spec.rl.per_node)
         self.evaluator = evaluator or LocalEvaluator(self.ctx, spec.task.reward)
         self.breeder = Breeder(spec, archive, self.evaluator, mutator, self.ctx.user, self.splits, self.by_id,
                                lambda: [i.text for i in self.insights], lambda: self.policy.weights_version,

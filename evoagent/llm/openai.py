@@ -94,7 +94,7 @@ def trainable(policy: BackendConfig, rl: RLConfig) -> str | None:
     if rl.full_finetune:
         return ("rl.full_finetune: an openai policy is trained through LoRA adapters loaded into "
                 "its server; full fine-tuning cannot reach the server")
-    if rl.adapters == "per_node":
+    if rl.per_node:
         return ("rl.adapters: per_node serves each node its own adapter, which policy.kind hf and "
                 "vllm do; an openai policy serves one adapter to every node (use adapters: shared)")
     return lora_fits(policy, rl)

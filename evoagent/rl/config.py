@@ -164,9 +164,14 @@ class RLConfig(BaseModel):
             )
         return self
 
+    @property
+    def per_node(self) -> bool:
+        """One adapter per node (``adapters: per_node``)."""
+        return self.adapters == "per_node"
+
     @model_validator(mode="after")
     def _adapters_need_lora(self) -> RLConfig:
-        if self.adapters == "per_node" and self.full_finetune:
+        if self.per_node and self.full_finetune:
             raise ValueError("adapters: per_node trains one LoRA adapter per node; full_finetune "
                              "has one set of weights (set full_finetune: false or adapters: shared)")
         return self

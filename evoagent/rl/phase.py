@@ -91,7 +91,7 @@ class RLPhase:
         self.cfg = cfg
         self.backend = backend
         # same gate, tools and budgets; per node, each node asks for its own adapter
-        self.ctx = replace(ctx, temperature=cfg.temperature, node_adapters=cfg.adapters == "per_node")
+        self.ctx = replace(ctx, temperature=cfg.temperature, node_adapters=cfg.per_node)
         self.reward = reward
         self.dir = Path(run_dir) / "checkpoints"
         self.seed = seed

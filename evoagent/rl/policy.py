@@ -7,6 +7,8 @@ reference policy for the KL term, so no second copy of the weights is kept.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from peft import (
     LoraConfig,
@@ -32,25 +34,29 @@ def attach_lora(model: nn.Module, cfg: RLConfig) -> nn.Module:
     Targets the attention and MLP projections of Llama-style models (Hu et al. 2021); lora_B starts
     at 0, so the wrapped model computes exactly what the base did. Raises RLError when the model
     has none of those modules. With ``adapters: per_node`` the one adapter is ``BASE_ADAPTER``,
-    never trained (peft wants one to start from); ``add_node_adapter`` adds each node's.
+    never trained (peft wants one to start from); ``add_node_adapters`` adds each node's.
     """
     if cfg.full_finetune:
         return model
-    name = BASE_ADAPTER if cfg.adapters == "per_node" else "default"
+    name = BASE_ADAPTER if cfg.per_node else "default"
     try:
         return get_peft_model(model, lora_config(cfg), adapter_name=name)
     except ValueError as e:
         raise RLError(f"cannot attach LoRA to {type(model).__name__}: {e}") from e
 
 
-def add_node_adapter(model: PeftModel, node: str, cfg: RLConfig, seed: int) -> list[nn.Parameter]:
-    """Give ``node`` an adapter of its own and return its parameters. Its lora_B starts at 0
-    (the node starts from the base weights) and its lora_A is drawn from a stream seeded by
-    (``seed``, ``node``), so the adapter is the same whichever phase first meets the node."""
-    with torch.random.fork_rng():
-        torch.manual_seed(request_seed(seed, "lora", node) % 2**31)
-        model.add_adapter(adapter_name(node), lora_config(cfg))
-    return [p for name, p in model.named_parameters() if name.split(".")[-2] == adapter_name(node)]
+def add_node_adapters(model: PeftModel, nodes: Iterable[str], cfg: RLConfig, seed: int) -> list[nn.Parameter]:
+    """Give each of ``nodes`` that has none an adapter of its own, in order; return the new
+    adapters' parameters. An adapter's lora_B starts at 0 (the node starts from the base
+    weights) and its lora_A is drawn from a stream seeded by (``seed``, node), so it is the
+    same whichever phase first meets the node."""
+    new = [n for n in dict.fromkeys(nodes) if adapter_name(n) not in model.peft_config]
+    for node in new:
+        with torch.random.fork_rng():
+            torch.manual_seed(request_seed(seed, "lora", node) % 2**31)
+            model.add_adapter(adapter_name(node), lora_config(cfg))
+    names = {adapter_name(n) for n in new}
+    return [p for name, p in model.named_parameters() if name.split(".")[-2] in names]
 
 
 def node_weights(model: PeftModel) -> dict[str, Tensor]:
@@ -74,10 +80,9 @@ def by_node(weights: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
 def load_node_weights(model: PeftModel, weights: dict[str, Tensor], cfg: RLConfig) -> list[nn.Parameter]:
     """Load ``node_weights``'s dict into ``model``, adding the adapters it lacks (in the
     dict's order); returns the parameters of the added ones."""
-    added: list[nn.Parameter] = []
-    for node, state in by_node(weights).items():
-        if adapter_name(node) not in model.peft_config:
-            added += add_node_adapter(model, node, cfg, seed=0)  # its weights are loaded next
+    per_node = by_node(weights)
+    added = add_node_adapters(model, per_node, cfg, seed=0)  # their weights are loaded next
+    for node, state in per_node.items():
         res = set_peft_model_state_dict(model, state, adapter_name=adapter_name(node))
         unexpected: list[str] = res.unexpected_keys  # type: ignore[attr-defined]
         if unexpected:
@@ -98,7 +103,7 @@ def load_trained(model: nn.Module, weights: dict[str, Tensor], cfg: RLConfig) ->
         model.load_state_dict(weights)
         return model
     peft = model if isinstance(model, PeftModel) else attach_lora(model, cfg)
-    if cfg.adapters == "per_node":
+    if cfg.per_node:
         load_node_weights(peft, weights, cfg)
     else:
         set_peft_model_state_dict(peft, weights)

@@ -51,7 +51,7 @@ from evoagent.rl.batch import TokenBatch
 from evoagent.rl.config import RLConfig
 from evoagent.rl.losses import LossConfig, LossInputs, dpo, get_aggregation, get_policy_loss
 from evoagent.rl.policy import (
-    add_node_adapter,
+    add_node_adapters,
     base_model,
     load_node_weights,
     node_weights,
@@ -85,7 +85,6 @@ class Trainer:
                 base.set_attn_implementation("eager")  # see the module docstring
         self.pad_id = pad_id
         self.seed = seed
-        self.per_node = cfg.adapters == "per_node"
         self.step = 0
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
@@ -174,21 +173,20 @@ class Trainer:
         batch = batch.to(self._device)
         if batch.tokens == 0:
             raise RLError("batch has no trained tokens")
-        if self.per_node:
+        per_node = self.cfg.per_node
+        if per_node:
             if len(batch.node) != batch.rows:
                 raise RLError("rl.adapters per_node: the batch does not say which node each row comes from")
-            for node in dict.fromkeys(batch.node):
-                if adapter_name(node) not in self.model.peft_config:
-                    self._add_params(add_node_adapter(self.model, node, self.cfg, self.seed))
-        batch = batch.by_length(by_node=self.per_node)
-        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum, by_node=self.per_node)
+            self._add_params(add_node_adapters(self.model, batch.node, self.cfg, self.seed))
+        batch = batch.by_length(by_node=per_node)
+        micro = batch.split_tokens(self.cfg.micro_batch_tokens, at_least=self.cfg.grad_accum, by_node=per_node)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         return batch, micro
 
     def _use(self, mb: TokenBatch) -> None:
         """Per node: run ``mb`` (one node's rows) under that node's adapter."""
-        if self.per_node:
+        if self.cfg.per_node:
             self.model.set_adapter(adapter_name(mb.node[0]))
 
     def _add_params(self, params: list[nn.Parameter]) -> None:
@@ -281,7 +279,7 @@ class Trainer:
         if not isinstance(state, dict) or state.get("format") not in (1, CHECKPOINT_FORMAT):
             raise RLError(f"{path} is not a format-{CHECKPOINT_FORMAT} trainer checkpoint")
         try:
-            if self.per_node:  # adapters in the order they were added: the optimizer's order
+            if self.cfg.per_node:  # adapters in the order they were added: the optimizer's order
                 self._add_params(load_node_weights(self.model, state["weights"], self.cfg))
             elif isinstance(self.model, PeftModel):
                 res = set_peft_model_state_dict(self.model, state["weights"])
@@ -304,7 +302,7 @@ class Trainer:
     def weights(self) -> dict[str, Tensor]:
         """The trainable weights: the LoRA state dict (per node: ``policy.node_weights``), or
         with full fine-tuning every weight."""
-        if self.per_node:
+        if self.cfg.per_node:
             return node_weights(self.model)
         if isinstance(self.model, PeftModel):
             return get_peft_model_state_dict(self.model)
