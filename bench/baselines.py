@@ -28,6 +28,7 @@ from evoagent.execute.executor import ExecContext, llm_messages
 from evoagent.execute.trajectory import LLMStep, Trajectory
 from evoagent.graph.model import AgentGraph, LLMNode
 from evoagent.llm.backend import Backend, make_backend, make_backends, total_usage
+from evoagent.llm.hardware import resolve_device, resolve_dtype
 from evoagent.llm.types import GenerationRequest, Message
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, load_examples, split
@@ -218,7 +219,7 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
     repeats = math.ceil(steps * per_step / rl.group_size / len(rows)) + 1
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=not _cuda(), bf16=spec.policy.dtype == "bfloat16", max_steps=steps,
+            output_dir=tmp, use_cpu=not _cuda(), bf16=resolve_dtype(spec.policy.dtype, resolve_device("auto")) == "bfloat16", max_steps=steps,
             per_device_train_batch_size=per_step, num_generations=rl.group_size,
             max_completion_length=node.max_tokens, learning_rate=rl.lr, temperature=rl.temperature,
             logging_steps=1, report_to="none", save_strategy="no", seed=spec.seed,

@@ -50,12 +50,12 @@ from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.decode import Sampling, decode, forward
 from evoagent.llm.embedded import model_folder
+from evoagent.llm.hardware import DTYPES, resolve_device, resolve_dtype
 from evoagent.llm.kv import INDEX, KV, PrefixStore, common_prefix, layout, row_kv
 from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.llm.weights import load_served, node_adapters
 from evoagent.spec.config import BackendConfig
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 MIN_EXTRA = 16  # a shared prefix level is prefilled on its own only if it adds this many ids
 
 
@@ -65,12 +65,10 @@ def load_model(cfg: BackendConfig) -> tuple[Any, Any]:
 
     folder = model_folder(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    device = resolve_device(cfg.device)
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=_DTYPES[cfg.dtype], local_files_only=True
+        folder, dtype=DTYPES[resolve_dtype(cfg.dtype, device)], local_files_only=True
     )
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise BackendError(f"policy.device: {cfg.device} but this machine has no CUDA GPU torch can use")
     return model.to(device), tokenizer
 
 

@@ -39,6 +39,7 @@ from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.embedded import model_folder
+from evoagent.llm.hardware import resolve_device, resolve_dtype
 from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.llm.weights import BASE_ADAPTER, adapter_name, node_adapters, served_weights
 from evoagent.spec.config import BackendConfig
@@ -77,7 +78,8 @@ class VLLMBackend:
         self.folder = model_folder(cfg.model)
         try:
             self.engine = vllm.LLM(
-                model=str(self.folder), dtype=cfg.dtype, max_model_len=cfg.max_context,
+                model=str(self.folder), dtype=resolve_dtype(cfg.dtype, resolve_device("auto")),
+                max_model_len=cfg.max_context,
                 enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=MAX_LORAS,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                 gpu_memory_utilization=cfg.gpu_memory_utilization, seed=0,

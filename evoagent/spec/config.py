@@ -24,8 +24,11 @@ class BackendConfig(_Frozen):
 
     kind: str = Field("hf", description="backend registry key: hf | vllm | openai | scripted")
     model: str = Field("embedded", description="'embedded' (SmolLM2-135M-Instruct) or an HF folder")
-    dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="weight dtype; bf16 generates about 2x faster than float32 on CPU"
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="weight dtype; auto = bfloat16 where the device computes it natively (a CUDA "
+        "GPU that supports it, a CPU with AVX512-BF16 or AMX), else float32: an AVX2-only CPU "
+        "emulates bf16 and generates about 2.8x slower in it",
     )
     device: str = Field(
         "auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
