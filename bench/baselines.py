@@ -217,9 +217,10 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
     rows = [{"prompt": llm_messages(node, node.template.format(input=e.input)), "id": e.id}
             for e in splits["train"]]
     repeats = math.ceil(steps * per_step / rl.group_size / len(rows)) + 1
+    device = resolve_device(spec.policy.device)  # where the backend put the model TRL trains
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=not _cuda(), bf16=resolve_dtype(spec.policy.dtype, resolve_device("auto")) == "bfloat16", max_steps=steps,
+            output_dir=tmp, use_cpu=device == "cpu", bf16=resolve_dtype(spec.policy.dtype, device) == "bfloat16", max_steps=steps,
             per_device_train_batch_size=per_step, num_generations=rl.group_size,
             max_completion_length=node.max_tokens, learning_rate=rl.lr, temperature=rl.temperature,
             logging_steps=1, report_to="none", save_strategy="no", seed=spec.seed,
@@ -252,9 +253,3 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
         "test": ev.score, "calls": done * per_step, "tokens": round(sum(lengths[:done]) * per_step),
         "wall_s": round(wall, 1), "steps": done, "steps_planned": steps, "per_input": per_input(ev),
     }
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -2,9 +2,9 @@
 
 ``dtype: auto`` picks bfloat16 only where the hardware computes it natively: a CUDA GPU that
 supports it, or a CPU with AVX512-BF16 or AMX tiles. On a CPU without them (AVX2 only, e.g.
-many AMD EPYC and older Xeon) torch emulates bf16 matmuls, and generation measured 2.8x
-*slower* than float32 (``bench/dtype_speed.py``), while on an AVX512-BF16 CPU bf16 was about
-2x faster: no fixed default is right on both.
+many AMD EPYC and older Xeon) torch emulates bf16 matmuls: generation measured 2.46x and a
+LoRA forward + backward 21x *slower* than in float32 (``bench/dtype_speed.py``), while on an
+AVX512-BF16 CPU bf16 was about 2x faster: no fixed default is right on both.
 """
 
 from __future__ import annotations
