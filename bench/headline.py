@@ -20,6 +20,9 @@ split is scored once per row; 95% CIs come from a paired bootstrap over the test
 rows see the same inputs), for each row and for joint minus the best other row. Writes
 ``bench/results/headline.json`` and ``bench/results/headline.md`` (the README's table) only
 when every asked row of every asked task finished; other tasks already in the file are kept.
+Each finished row is also kept in ``bench/results/headline.partial.jsonl`` until a run of all
+six rows: an interrupted run, or one asked for fewer rows (``--rows seed,joint``), is picked up
+by the next without re-running a row, as long as the code, the task and the settings match.
 
     python bench/headline.py [--tasks examples/chained_ops/task.yaml,...] [--rows seed,joint,...]
     python bench/headline.py --quick     # a tiny random model: checks the wiring, not the numbers
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -41,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from results_io import RESULTS, run_marked  # bench/ is sys.path[0] when a script runs
+from results_io import RESULTS, run_kept  # bench/ is sys.path[0] when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("seed", "gepa", "trl_grpo", "evolve", "rl", "joint")
@@ -124,15 +128,33 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def spawn(task: str, row: str, opts: argparse.Namespace, budget: int | None, seed_graph: Path) -> dict[str, Any]:
+def code_hash(task: str) -> str:
+    """What a finished row's figures depend on: evoagent's and bench/'s code, the seed graphs
+    and the task's folder. A kept row is reused only while this is unchanged."""
+    files = [*sorted((ROOT / "evoagent").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py")),
+             *sorted((ROOT / "graphs").rglob("*.yaml")), *sorted(Path(task).resolve().parent.glob("*"))]
+    h = hashlib.sha256()
+    for f in files:
+        if f.is_file():
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def spawn(task: str, row: str, opts: argparse.Namespace, budget: int | None, seed_graph: Path,
+          partial: Path) -> dict[str, Any]:
+    """One row in its own process; a row finished by an earlier, interrupted or narrower run
+    (``--rows``) of the same code and settings is kept from ``partial`` instead."""
     cmd = [sys.executable, __file__, "--task", task, "--row", row, "--seed-graph", str(seed_graph),
            "--trl-minutes", str(opts.trl_minutes), "--gepa-minutes", str(opts.gepa_minutes)]
     if budget is not None:
         cmd += ["--budget", str(budget)]
     if opts.model is not None:
         cmd += ["--model", opts.model]
-    print(f"== {Path(task).parent.name}: {row}" + (f" (budget {budget} calls)" if budget else ""), flush=True)
-    return run_marked(cmd, ROW_MARK, f"row {row} of {task}")
+    name = Path(task).resolve().parent.name
+    key = {"task": name, "row": row, "budget": budget, "quick": bool(opts.quick),
+           "trl_minutes": opts.trl_minutes, "gepa_minutes": opts.gepa_minutes, "code": code_hash(task)}
+    what = f"{name}: {row}" + (f" (budget {budget} calls)" if budget else "")
+    return run_kept(cmd, ROW_MARK, what, key, partial)
 
 
 # -- statistics ----------------------------------------------------------------------------------
@@ -262,13 +284,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="headline-work-"))
     if args.quick:
         args.model = tiny_model(work / "tiny-model")
+    partial = (work if args.quick else out_dir) / "headline.partial.jsonl"
+    partial.parent.mkdir(parents=True, exist_ok=True)
     done: dict[str, Any] = {}
     try:
         for task in tasks:
             name = Path(task).resolve().parent.name
             got: dict[str, dict[str, Any]] = {}
             seed_graph = work / f"{name}-seed.json"
-            got["seed"] = spawn(task, "seed", args, None, seed_graph)
+            got["seed"] = spawn(task, "seed", args, None, seed_graph, partial)
             if got["seed"]["val"] <= 0 and (args.require_signal or not args.quick):
                 refuse(f"{task}: every seed agent scores 0 on val ({got['seed']['seed_vals']}): no "
                        "learning signal exists (GRPO groups that all fail give no gradient, and "
@@ -278,14 +302,14 @@ def main() -> None:
             seed_graph.write_text(json.dumps(got["seed"]["best_graph"]))
             budget = None
             if "joint" in rows:
-                got["joint"] = spawn(task, "joint", args, None, seed_graph)
+                got["joint"] = spawn(task, "joint", args, None, seed_graph, partial)
                 budget = int(got["joint"]["calls"])
             for row in rows:
                 if row in got:
                     continue
                 if budget is None:
                     refuse("the budgeted rows need the joint row: its spending is their budget")
-                got[row] = spawn(task, row, args, budget, seed_graph)
+                got[row] = spawn(task, row, args, budget, seed_graph, partial)
             done[name] = summarize(got)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -298,6 +322,8 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(figures, indent=2) + "\n")
     (out_dir / "headline.md").write_text(markdown(figures))
+    if set(rows) == set(ROWS):  # a narrower run keeps its rows for the full one
+        partial.unlink(missing_ok=True)
     print(markdown(figures))
     print(f"wrote {dest} and {out_dir / 'headline.md'}")
 

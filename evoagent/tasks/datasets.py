@@ -48,18 +48,29 @@ def load_examples(cfg: DatasetConfig, seed: int, base_dir: Path) -> list[Example
 
 
 def split(examples: list[Example], cfg: SplitsConfig, seed: int) -> dict[str, list[Example]]:
-    """Disjoint train/val/test parts of a seeded shuffle."""
-    need = cfg.train + cfg.val + cfg.test
-    if need > len(examples):
-        raise SpecError(
-            f"task.splits: train+val+test = {need} but the dataset has {len(examples)} examples"
-        )
+    """Disjoint train/val/test parts of a seeded shuffle, disjoint by question too: a generator
+    with a small problem space (two one-digit terms and + or -: 200 questions) repeats inputs,
+    and a test question that was also trained on would measure memory, not skill. Repeats after
+    the first are dropped (a dataset without repeats splits exactly as a plain shuffle would).
+    An environment's episodes are told apart by their seed too: it may drive the environment
+    beyond the first observation (a slippery lake, a shuffled deck)."""
     order = list(examples)
     random.Random(seed).shuffle(order)
+    first: dict[tuple[str, Any], Example] = {}
+    for e in order:
+        first.setdefault((e.input, e.meta.get("seed")), e)
+    distinct = list(first.values())
+    need = cfg.train + cfg.val + cfg.test
+    if need > len(distinct):
+        raise SpecError(
+            f"task.splits: train+val+test = {need} but the dataset has {len(distinct)} distinct "
+            f"questions ({len(examples)} examples): lower the splits, or raise task.dataset.size "
+            "or the generator's difficulty"
+        )
     return {
-        "val": order[: cfg.val],
-        "test": order[cfg.val : cfg.val + cfg.test],
-        "train": order[cfg.val + cfg.test : need],
+        "val": distinct[: cfg.val],
+        "test": distinct[cfg.val : cfg.val + cfg.test],
+        "train": distinct[cfg.val + cfg.test : need],
     }
 
 

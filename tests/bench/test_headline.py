@@ -84,3 +84,24 @@ def test_paired_bootstrap_sees_a_consistent_gain_that_unpaired_scores_would_blur
 def test_rows_tested_on_different_inputs_are_refused():
     with pytest.raises(SystemExit, match="other inputs"):
         headline.summarize({"seed": _row([1.0, 0.0]), "joint": _row([1.0, 0.0, 1.0])})
+
+
+def test_a_finished_row_is_kept_for_the_next_run_until_the_code_or_task_changes(tmp_path):
+    """An interrupted or narrower run (--rows seed,joint) hands its rows to the next one."""
+    from results_io import run_kept
+
+    partial = tmp_path / "headline.partial.jsonl"
+    ok = [sys.executable, "-c", f"print({headline.ROW_MARK!r} + '{{\"test\": 0.5}}')"]
+    broken = [sys.executable, "-c", "raise SystemExit(1)"]
+    key = {"task": "sums", "row": "seed", "code": "abc"}
+    assert run_kept(ok, headline.ROW_MARK, "seed", key, partial) == {"test": 0.5}
+    assert run_kept(broken, headline.ROW_MARK, "seed", key, partial) == {"test": 0.5}  # not run again
+    with pytest.raises(SystemExit, match="nothing was written"):
+        run_kept(broken, headline.ROW_MARK, "seed", key | {"code": "changed"}, partial)
+
+    task = tmp_path / "task" / "task.yaml"
+    task.parent.mkdir()
+    task.write_text("name: t\n")
+    before = headline.code_hash(str(task))
+    task.write_text("name: t2\n")
+    assert headline.code_hash(str(task)) != before

@@ -193,7 +193,7 @@ CASES = [
     Case("dataset-jsonl-bad-line", r"data\.jsonl:2: invalid JSON",
          spec_with("kind: reasoning_gym, name: basic_arithmetic", "kind: jsonl, path: data.jsonl"),
          files={"data.jsonl": '{"input": "1+1", "answer": "2"}\n{oops\n'}),
-    Case("splits-larger-than-data", r"task\.splits: train\+val\+test = 12 but the dataset has 5 examples",
+    Case("splits-larger-than-data", r"task\.splits: train\+val\+test = 12 but the dataset has 5 distinct questions \(5 examples\)",
          spec_with("size: 30", "size: 5")),
     # -- graph files
     Case("graph-missing-file", r"graphs\[0\]: .*nope\.yaml does not exist", spec_with("[g.yaml]", "[nope.yaml]")),

@@ -38,6 +38,21 @@ def test_splits_are_disjoint_and_reproducible():
         split(ex, SplitsConfig(train=50, val=25, test=25), 0)
 
 
+def test_a_repeated_question_lands_in_one_split_only():
+    """200 questions exist at two one-digit terms and + or -: 300 examples repeat many."""
+    cfg = DatasetConfig(kind="reasoning_gym", name="chain_sum", size=300,
+                        options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    ex = load_examples(cfg, 0, Path("."))
+    parts = split(ex, SplitsConfig(train=40, val=20, test=30), 0)
+    questions = [e.input for part in parts.values() for e in part]
+    assert len(questions) == len(set(questions)) == 90
+    with pytest.raises(SpecError, match=r"distinct questions \(300 examples\)"):
+        split(ex, SplitsConfig(train=150, val=50, test=50), 0)
+    boards = [Example(f"lake-{s}", "the same first board", "", {"seed": s}) for s in (1, 2)]
+    parts = split(boards, SplitsConfig(train=0, val=1, test=1), 0)  # episodes differ by seed
+    assert {e.id for part in parts.values() for e in part} == {"lake-1", "lake-2"}
+
+
 def test_jsonl_dataset_errors_name_the_line(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text('{"input": "1+1", "answer": "2"}\n{broken\n')
