@@ -6,10 +6,11 @@ LoRA r=16), trained through ``RLPhase`` exactly as ``evoagent run`` trains it:
 1. **reasoning-gym ``chain_sum``**, two one-digit terms ("Calculate 5 + 3."): the difficulty
    at which the base model answers roughly a third right when asked directly, so GRPO groups
    have variance. No partial credit: 1 when the last number of the reply is the answer
-   (reasoning-gym's own scorer). LoRA lr 1e-4. There are only 100 distinct questions at this
-   difficulty: 40 are held out (never trained on), the other 60 train. ``--steps`` GRPO steps
-   of 8 inputs x 8 samples, then greedy accuracy on the 40 held-out questions, before and
-   after, with 95% Wilson intervals and a 95% interval of the paired difference.
+   (reasoning-gym's own scorer). LoRA lr 1e-4. The problem space is small: the 512 draws hold
+   188 distinct questions, many repeated; 40 are held out (never trained on), the other 148
+   train. ``--steps`` GRPO steps of 8 inputs x 8 samples, then greedy accuracy on the 40
+   held-out questions, before and after, with 95% Wilson intervals and a 95% interval of the
+   paired difference.
 2. **textarena FrozenLake-v0-train** (4x4, seeded boards), played by ``examples/frozenlake``'s
    loop agent, reward = the game's own partial credit (share of the way to the goal; 1 = won).
    GRPO against GiGPO at the same rollout budget (``--game-steps`` steps of 4 boards x 8
@@ -38,7 +39,7 @@ from typing import Any
 from results_io import RESULTS, write_results  # bench/ is sys.path[0] when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
-HELD_OUT_QUESTIONS = 40  # of the 100 distinct chain_sum questions; the other 60 are trained on
+HELD_OUT_QUESTIONS = 40  # distinct chain_sum questions never trained on; every other question trains
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -61,9 +62,9 @@ def mean_ci(xs: list[float], z: float = 1.96) -> tuple[float, float, float]:
 
 
 def chain_sum_split() -> tuple[list[Any], list[Any]]:
-    """(held-out, train) examples of one-digit ``chain_sum`` pairs. There are only 100 distinct
-    questions: the split is by question text, so no held-out question is ever trained on (a
-    split by index would share most of them)."""
+    """(held-out, train) examples of one-digit ``chain_sum`` pairs. Draws repeat questions: the
+    split is by question text, so no held-out question is ever trained on (a split by index
+    would share most of them)."""
     from evoagent.spec.config import DatasetConfig
     from evoagent.tasks.datasets import load_examples
 
