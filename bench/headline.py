@@ -52,7 +52,8 @@ ROWS = ("seed", "gepa", "trl_grpo", "evolve", "rl", "joint")
 SEARCHES = 50  # generations of the budgeted rows: the budget, not this, ends them
 ROW_MARK = "ROW-RESULT "
 NEEDS = {"gepa": ("gepa", "gepa"), "trl_grpo": ("trl", "trl")}  # row -> (module, pip package)
-DEFAULT_TASKS = ("examples/sums/task.yaml", "examples/chained_ops/task.yaml", "examples/equations/task.yaml")
+DEFAULT_TASKS = ("examples/sums/task.yaml", "examples/chained_ops/task.yaml", "examples/equations/task.yaml",
+                 "examples/long_chains/task.yaml")
 BOOTSTRAP = 5000
 
 

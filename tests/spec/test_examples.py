@@ -13,7 +13,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*/task.yaml"))
 
 
 def test_the_examples_are_there():
-    assert {p.parent.name for p in EXAMPLES} >= {"arithmetic", "chained_ops", "equations", "frozenlake"}
+    assert {p.parent.name for p in EXAMPLES} >= {"arithmetic", "chained_ops", "equations", "frozenlake",
+                                               "humaneval", "long_chains", "sums"}
 
 
 @pytest.mark.parametrize("task", EXAMPLES, ids=lambda p: p.parent.name)
