@@ -26,9 +26,10 @@ from pathlib import Path
 
 from results_io import write_results  # bench/ is sys.path[0] when a script runs
 
-from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
+from evoagent.archive import AgentRecord, Archive, EvalRecord, GenerationWrite
 from evoagent.archive.views import ListFilter, agent_detail, lineage_edges, list_agents
-from evoagent.evolve.selection import Candidate, Pool, get_selector
+from evoagent.evolve.pool import Candidate, Pool
+from evoagent.evolve.selection import get_selector
 from evoagent.graph.model import AgentGraph, LLMNode
 from evoagent.spec.config import SelectionConfig
 

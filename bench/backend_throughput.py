@@ -171,11 +171,12 @@ def vllm_repeat(n: int) -> dict[str, Any]:
     """One repeat of the executor on ``policy.kind: vllm`` against ``LLM.generate`` raw."""
     from vllm import SamplingParams, TokensPrompt
 
-    from evoagent.llm.backend import make_backend
+    from evoagent.llm.factory import make_backend
+    from evoagent.llm.hardware import resolve_device
     from evoagent.spec.config import BackendConfig
 
     graph, examples = workload(n)
-    examples = examples if _cuda() else examples[:VLLM_INPUTS]
+    examples = examples if resolve_device("auto") == "cuda" else examples[:VLLM_INPUTS]
     backend = make_backend(BackendConfig(kind="vllm", max_batch=64, cache=False))
     prompts = [TokensPrompt(prompt_token_ids=backend.chat.prompt(r)) for r in requests(graph, examples)]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0, detokenize=False)
@@ -190,12 +191,6 @@ def vllm_repeat(n: int) -> dict[str, Any]:
     arms["ratios"] = {"vllm_vs_raw": arms["executor"]["tok_s"] / arms["raw"]["tok_s"]}
     asyncio.run(backend.aclose())
     return arms
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def in_subprocess(kind: str, n: int) -> dict[str, Any]:
@@ -232,7 +227,8 @@ def main(repeats: int, n: int, vllm: bool, tag: str) -> None:
             figures[key] = round(statistics.median(values), 3)
             goal = f" (goal >= {goals[key]})" if key in goals else ""
             print(f"{key}: median {figures[key]:.2f}x of {figures[f'{key}s']}{goal}")
-    write_results(f"{tag}_backend_throughput" if tag else "backend_throughput", figures)
+    name = f"{tag}_backend_throughput" if tag else "backend_throughput"
+    write_results(name, figures, inputs=(ROOT / "examples" / "arithmetic",))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ from evoagent.execute.evaluate import Evaluation, LocalEvaluator
 from evoagent.execute.executor import ExecContext, llm_messages
 from evoagent.execute.trajectory import LLMStep, Trajectory
 from evoagent.graph.model import AgentGraph, LLMNode
-from evoagent.llm.backend import Backend, make_backend, make_backends, total_usage
+from evoagent.llm.backend import Backend, total_usage
+from evoagent.llm.factory import make_backend, make_backends
 from evoagent.llm.hardware import resolve_device, resolve_dtype
 from evoagent.llm.types import GenerationRequest, Message
 from evoagent.spec.config import RunSpec
@@ -51,7 +52,8 @@ def per_input(ev: Evaluation) -> dict[str, float]:
 def with_systems(graph: AgentGraph, systems: dict[str, str]) -> AgentGraph:
     """``graph`` with the system text of the named llm nodes replaced."""
     nodes = tuple(
-        n.model_copy(update={"system": systems[n.id]}) if n.id in systems else n for n in graph.nodes
+        n.model_copy(update={"system": systems[n.id]}) if n.id in systems else n
+        for n in graph.nodes
     )
     return graph.model_copy(update={"nodes": nodes})
 
@@ -65,8 +67,13 @@ class EvoagentAdapter:
     gathers a whole minibatch into one batched generate call.
     """
 
-    def __init__(self, graph: AgentGraph, evaluator: LocalEvaluator, loop: asyncio.AbstractEventLoop,
-                 answers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        graph: AgentGraph,
+        evaluator: LocalEvaluator,
+        loop: asyncio.AbstractEventLoop,
+        answers: dict[str, str],
+    ) -> None:
         self.graph = graph
         self.evaluator = evaluator
         self.loop = loop
@@ -76,7 +83,9 @@ class EvoagentAdapter:
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-    def evaluate(self, batch: list[Example], candidate: dict[str, str], capture_traces: bool = False) -> Any:
+    def evaluate(
+        self, batch: list[Example], candidate: dict[str, str], capture_traces: bool = False
+    ) -> Any:
         from gepa import EvaluationBatch
 
         ev = self.run(self.evaluator.evaluate(with_systems(self.graph, candidate), batch))
@@ -95,17 +104,20 @@ class EvoagentAdapter:
             records = []
             for t, s in zip(eval_batch.trajectories, eval_batch.scores, strict=True):
                 replies = [st.text for st in t.steps if isinstance(st, LLMStep) and st.node == comp]
-                records.append({
-                    "Inputs": t.input,
-                    "Generated Outputs": "\n---\n".join(replies) or "(the node did not run)",
-                    "Feedback": _verdict(t, s, self.answers.get(t.input_id, "?")),
-                })
+                records.append(
+                    {
+                        "Inputs": t.input,
+                        "Generated Outputs": "\n---\n".join(replies) or "(the node did not run)",
+                        "Feedback": _verdict(t, s, self.answers.get(t.input_id, "?")),
+                    }
+                )
             out[comp] = records
         return out
 
 
 def _verdict(t: Trajectory, reward: float, answer: str) -> str:
-    parts = [f"score {reward:.2f}; the correct answer is {answer}; the agent's final output: {t.output!r}"]
+    parts = [f"score {reward:.2f}; the correct answer is {answer}; "
+             f"the agent's final output: {t.output!r}"]
     if t.error:
         parts.append(f"error: {t.error}")
     if t.feedback:
@@ -120,21 +132,27 @@ class _Reflection:
         self.backend, self.loop, self.n = backend, loop, 0
 
     def __call__(self, prompt: str | list[Message]) -> str:
-        messages = tuple(prompt) if isinstance(prompt, list) else ({"role": "user", "content": prompt},)
+        messages = (
+            tuple(prompt) if isinstance(prompt, list) else ({"role": "user", "content": prompt},)
+        )
         self.n += 1
         req = GenerationRequest(messages, REFLECTION_TOKENS, REFLECTION_TEMPERATURE, seed=self.n)
         (gen,) = asyncio.run_coroutine_threadsafe(self.backend.generate([req]), self.loop).result()
         return gen.text
 
 
-async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float) -> dict[str, Any]:
+async def gepa_row(
+    spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float
+) -> dict[str, Any]:
     """GEPA on ``seed``'s system texts until the models generated ``budget`` completions (or
     ``max_minutes`` passed); the best candidate by val is scored on test once."""
     import gepa
 
     splits = splits_of(spec)
     policy, mutator = make_backends(spec.policy, spec.mutator)
-    ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed, concurrency=spec.concurrency)
+    ctx = ExecContext(
+        policy, ToolContext(spec.sandbox), seed=spec.seed, concurrency=spec.concurrency
+    )
     evaluator = LocalEvaluator(ctx, spec.task.reward)
     loop = asyncio.get_running_loop()
     answers = {e.id: e.answer for part in splits.values() for e in part}
@@ -150,9 +168,14 @@ async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: fl
     try:
         result = await asyncio.to_thread(
             gepa.optimize,
-            seed_candidate=components, trainset=list(splits["train"]), valset=list(splits["val"]),
-            adapter=adapter, reflection_lm=_Reflection(mutator, loop),
-            stop_callbacks=[stop], logger=_Silent(), seed=spec.seed,
+            seed_candidate=components,
+            trainset=list(splits["train"]),
+            valset=list(splits["val"]),
+            adapter=adapter,
+            reflection_lm=_Reflection(mutator, loop),
+            stop_callbacks=[stop],
+            logger=_Silent(),
+            seed=spec.seed,
         )
         used = total_usage([policy, mutator])
         wall = time.perf_counter() - start
@@ -164,15 +187,21 @@ async def gepa_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: fl
         if mutator is not policy:
             await mutator.aclose()
     return {
-        "test": test.score, "val": float(result.val_aggregate_scores[result.best_idx]),
-        "calls": used.calls, "tokens": used.tokens, "wall_s": round(wall, 1),
-        "candidates": result.num_candidates, "best_graph": best.model_dump(mode="json"),
+        "test": test.score,
+        "val": float(result.val_aggregate_scores[result.best_idx]),
+        "calls": used.calls,
+        "tokens": used.tokens,
+        "wall_s": round(wall, 1),
+        "candidates": result.num_candidates,
+        "best_graph": best.model_dump(mode="json"),
         "per_input": per_input(test),
     }
 
 
 # -- TRL GRPO --------------------------------------------------------------------------------
-def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float) -> dict[str, Any]:
+def trl_grpo_row(
+    spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float
+) -> dict[str, Any]:
     """TRL's GRPOTrainer on ``seed``'s prompts for ``budget`` sampled completions (or until
     ``max_minutes``), the task's GRPO settings; then the seed program is tested on the trained
     weights through evoagent's backend."""
@@ -185,8 +214,10 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
 
     llm = [n for n in seed.nodes if isinstance(n, LLMNode)]
     if len(seed.nodes) != 1 or len(llm) != 1:
-        raise SystemExit(f"trl_grpo: the seed agent {seed.name!r} must be one llm node (TRL trains a "
-                         "single prompt -> completion policy)")
+        raise SystemExit(
+            f"trl_grpo: the seed agent {seed.name!r} must be one llm node (TRL trains a "
+            "single prompt -> completion policy)"
+        )
     node, rl = llm[0], spec.rl
     splits = splits_of(spec)
     by_id = {e.id: e for e in splits["train"]}
@@ -197,8 +228,12 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
 
     def reward(completions: list[list[Message]], id: list[str], **_: Any) -> list[float]:
         async def all_() -> list[float]:
-            scored = [score(c[0]["content"], by_id[i], spec.task.reward) for c, i in zip(completions, id, strict=True)]
+            scored = [
+                score(c[0]["content"], by_id[i], spec.task.reward)
+                for c, i in zip(completions, id, strict=True)
+            ]
             return [float(s[0]) for s in await asyncio.gather(*scored)]
+
         return asyncio.run(all_())
 
     class Clock(TrainerCallback):
@@ -214,24 +249,43 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
                 lengths.append(float(logs["completions/mean_length"]))
 
     # the chat evoagent's executor sends the node (the seed is one node: no upstream outputs)
-    rows = [{"prompt": llm_messages(node, node.template.format(input=e.input)), "id": e.id}
-            for e in splits["train"]]
+    rows = [
+        {"prompt": llm_messages(node, node.template.format(input=e.input)), "id": e.id}
+        for e in splits["train"]
+    ]
     repeats = math.ceil(steps * per_step / rl.group_size / len(rows)) + 1
     device = resolve_device(spec.policy.device)  # where the backend put the model TRL trains
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=device == "cpu", bf16=resolve_dtype(spec.policy.dtype, device) == "bfloat16", max_steps=steps,
-            per_device_train_batch_size=per_step, num_generations=rl.group_size,
-            max_completion_length=node.max_tokens, learning_rate=rl.lr, temperature=rl.temperature,
-            logging_steps=1, report_to="none", save_strategy="no", seed=spec.seed,
+            output_dir=tmp,
+            use_cpu=device == "cpu",
+            bf16=resolve_dtype(spec.policy.dtype, device) == "bfloat16",
+            max_steps=steps,
+            per_device_train_batch_size=per_step,
+            num_generations=rl.group_size,
+            max_completion_length=node.max_tokens,
+            learning_rate=rl.lr,
+            temperature=rl.temperature,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            seed=spec.seed,
             gradient_checkpointing=rl.gradient_checkpointing,
         )
         trainer = GRPOTrainer(
-            model=backend.trainable_model(), processing_class=backend.tokenizer,  # type: ignore[attr-defined]
-            reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows * repeats),
+            model=backend.trainable_model(),
+            processing_class=backend.tokenizer,  # type: ignore[attr-defined]
+            reward_funcs=[reward],
+            args=args,
+            train_dataset=Dataset.from_list(rows * repeats),
             callbacks=[Clock()],
-            peft_config=LoraConfig(r=rl.lora_rank, lora_alpha=rl.lora_alpha, lora_dropout=0.0,
-                                   target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"),
+            peft_config=LoraConfig(
+                r=rl.lora_rank,
+                lora_alpha=rl.lora_alpha,
+                lora_dropout=0.0,
+                target_modules=list(LORA_TARGETS),
+                task_type="CAUSAL_LM",
+            ),
         )
         start = time.perf_counter()
         trainer.train()
@@ -241,7 +295,9 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
     async def test() -> Evaluation:
         backend.sync_weights(trainer.model)  # type: ignore[attr-defined]
         backend.weights_version = 1
-        ctx = ExecContext(backend, ToolContext(spec.sandbox), seed=spec.seed, concurrency=spec.concurrency)
+        ctx = ExecContext(
+            backend, ToolContext(spec.sandbox), seed=spec.seed, concurrency=spec.concurrency
+        )
         try:
             return await LocalEvaluator(ctx, spec.task.reward).evaluate(seed, splits["test"])
         finally:
@@ -250,6 +306,11 @@ def trl_grpo_row(spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: floa
 
     ev = asyncio.run(test())
     return {
-        "test": ev.score, "calls": done * per_step, "tokens": round(sum(lengths[:done]) * per_step),
-        "wall_s": round(wall, 1), "steps": done, "steps_planned": steps, "per_input": per_input(ev),
+        "test": ev.score,
+        "calls": done * per_step,
+        "tokens": round(sum(lengths[:done]) * per_step),
+        "wall_s": round(wall, 1),
+        "steps": done,
+        "steps_planned": steps,
+        "per_input": per_input(ev),
     }

@@ -27,7 +27,11 @@ import statistics
 import time
 from typing import Any
 
-from backend_throughput import timed_eval, workload  # bench/ is sys.path[0] when a script runs
+from backend_throughput import (  # bench/ is sys.path[0] when a script runs
+    ROOT,
+    timed_eval,
+    workload,
+)
 from results_io import write_results
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,7 +103,7 @@ def main() -> None:
         "auto_resolves_to": auto, "repeats": repeats,
         "generate_float32_over_bfloat16": gen, "train_float32_over_bfloat16": train,
         "auto_over_bfloat16_generate": pick,
-    })
+    }, inputs=(ROOT / "examples" / "arithmetic",))
 
 
 if __name__ == "__main__":

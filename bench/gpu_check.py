@@ -97,7 +97,7 @@ def vllm_check(device: str) -> dict[str, Any]:
         return {**machine(device), "skipped": "vLLM is not installed here"}
     import torch
 
-    from evoagent.llm.backend import make_backend
+    from evoagent.llm.factory import make_backend
     from evoagent.llm.hf import HFBackend
     from evoagent.llm.types import GenerationRequest
     from evoagent.rl.config import RLConfig

@@ -36,7 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from results_io import RESULTS, write_results  # bench/ is sys.path[0] when a script runs
+from code_graph import manifest  # bench/ is sys.path[0] when a script runs
+from results_io import RESULTS, STARTED, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT_QUESTIONS = 40  # distinct chain_sum questions never trained on; every other question trains
@@ -182,10 +183,16 @@ ARMS = {"chain_sum": ("chain_sum", "grpo"), "frozenlake_grpo": ("frozenlake", "g
 
 
 def main(steps: int, game_steps: int, arms: list[str]) -> None:
-    """Run ``arms``; the other arms keep their figures from the last results file."""
+    """Run ``arms``; the other arms keep their figures from the last results file, which must
+    have been written by this very code (the file records one code for all its arms)."""
+    inputs = (ROOT / "examples" / "frozenlake",)
     last = RESULTS / "rl_gain.json"
-    old = json.loads(last.read_text())["arms"] if last.is_file() else []
-    done = {f"{r['kind']}_{r['algorithm']}".replace("chain_sum_grpo", "chain_sum"): r for r in old}
+    old = json.loads(last.read_text()) if last.is_file() else {}
+    done = {f"{r['kind']}_{r['algorithm']}".replace("chain_sum_grpo", "chain_sum"): r
+            for r in old.get("arms", [])}
+    if set(done) - set(arms) and old.get("code") != manifest(Path(__file__), inputs, STARTED):
+        sys.exit(f"rl_gain: {', '.join(sorted(set(done) - set(arms)))} would keep figures that "
+                 f"other code wrote ({last.name}); run every arm, or move the file away")
     for name in arms:
         kind, algorithm = ARMS[name]
         done[name] = run_arm(kind, algorithm, steps if kind == "chain_sum" else game_steps)
@@ -200,7 +207,7 @@ def main(steps: int, game_steps: int, arms: list[str]) -> None:
               f"| {r['after']:.3f} [{r['after_ci95'][0]:.3f}, {r['after_ci95'][1]:.3f}] "
               f"| {r['diff']:+.3f} [{r['diff_ci95'][0]:+.3f}, {r['diff_ci95'][1]:+.3f}] |")
     print()
-    write_results("rl_gain", {"arms": rows})
+    write_results("rl_gain", {"arms": rows}, inputs=inputs)
 
 
 if __name__ == "__main__":

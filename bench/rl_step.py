@@ -87,10 +87,10 @@ def run_trl(steps: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from evoagent.llm.embedded import embedded_model_dir
+    from evoagent.llm.embedded import EMBEDDED_NAME, model_folder
     from evoagent.rl.policy import LORA_TARGETS
 
-    folder = embedded_model_dir()
+    folder = model_folder(EMBEDDED_NAME)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     tok = AutoTokenizer.from_pretrained(folder)
     rows = [{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in examples()]

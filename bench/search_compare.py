@@ -6,11 +6,11 @@ the same budget of model completions (``evolve.max_calls``; policy and mutator, 
 free), all with the same operators (the task's plus ``decompose``, ``best_of_n`` and
 ``reflexion_retry``):
 
-- ``islands``: FunSearch islands (the default until this bench), operators by weight;
+- ``islands``: FunSearch islands with the operator bandit (the defaults);
 - ``dgm``: Darwin Gödel Machine archive sampling;
 - ``map_elites``: MAP-Elites over nodes x LLM calls per input;
 - ``pareto``: GEPA's per-input Pareto front;
-- ``adaptive``: islands with the operator bandit (``operator_policy: adaptive``);
+- ``fixed``: islands, operators drawn by their configured weights (``operator_policy: fixed``);
 - ``novelty``: islands with novelty rejection (``novelty_threshold: 0.9``; not run by default).
 
 Each run reports its best val score, the best agent's test score (scored once), what it spent
@@ -19,7 +19,8 @@ and how many distinct agents it evaluated. Per arm: the mean over seeds with a 9
 ``bench/results/search_compare.json``, ``search_compare.md`` (the README's table) and
 ``search_compare.html`` (the drawing; ``--draw`` redraws it from the JSON).
 
-    python bench/search_compare.py [--tasks ...] [--arms islands,adaptive] [--seeds 0,1,2] [--budget 240] [--val 16]
+    python bench/search_compare.py [--tasks ...] [--arms islands,fixed] [--seeds 0,1,2] [--budget 240]
+                                   [--val 16]
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ ARMS: dict[str, dict[str, Any]] = {
     "map_elites": {"selection": {"kind": "map_elites", "descriptors": [
         {"name": "nodes", "bins": [2, 3]}, {"name": "llm_calls_per_input", "bins": [1.5, 4]}]}},
     "pareto": {"selection": {"kind": "pareto"}},
-    "adaptive": {"operator_policy": {"kind": "adaptive"}},
+    "fixed": {"operator_policy": {"kind": "fixed"}},  # the default is the operator bandit
     "novelty": {"novelty_threshold": 0.9},
 }
-DEFAULT_ARMS = ("islands", "dgm", "map_elites", "pareto", "adaptive")  # novelty: --arms
+DEFAULT_ARMS = ("islands", "dgm", "map_elites", "pareto", "fixed")  # novelty: --arms
 EXTRA_OPERATORS = ("decompose", "best_of_n", "reflexion_retry")
 DEFAULT_TASKS = ("examples/arithmetic/task.yaml", "examples/chained_ops/task.yaml")
 VAL = 16  # val inputs per candidate: a small CPU's budget buys twice the children of the tasks' 32
@@ -197,7 +198,8 @@ def main() -> None:
                                    ("budget", args.budget), ("val", args.val)) if v != ap.get_default(k))
     figures = {"budget": args.budget, "val": args.val, "seeds": seeds, "command": command, "machine": f"{os.cpu_count()} cores",
                "wall_s": round(time.perf_counter() - start, 1), "versions": versions(), "tasks": tasks}
-    write_results("search_compare", figures)
+    inputs = tuple(Path(t).resolve().parent for t in args.tasks.split(",")) + (ROOT / "graphs",)
+    write_results("search_compare", figures, inputs=inputs)
     (RESULTS / "search_compare.md").write_text(markdown(figures))
     draw(figures)
     PARTIAL.unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from evoagent import runner
 from evoagent.execute.evaluate import evaluate, sampled_pass_at_k
 from evoagent.execute.executor import ExecContext
 from evoagent.graph import load_graph
-from evoagent.llm.backend import make_backend
+from evoagent.llm.factory import make_backend
 from evoagent.tasks.datasets import load_examples, split
 from evoagent.tools import ToolContext
 
@@ -71,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     for task in args.tasks:
         figures = asyncio.run(seed_scores(task, args.samples, args.temperature))
-        write_results(f"seed_scores_{figures['name']}", figures)
+        write_results(f"seed_scores_{figures['name']}", figures, inputs=(Path(task).parent, ROOT / "graphs"))
 
 
 if __name__ == "__main__":

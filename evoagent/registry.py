@@ -8,7 +8,7 @@ raises the component's error class, naming the spec field (when given) and the k
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from evoagent.errors import EvoagentError
 
@@ -54,3 +54,32 @@ class Registry(Generic[F]):
     def names(self) -> list[str]:
         """The registered names, sorted."""
         return sorted(self.entries)
+
+    def loading(self, load: Callable[[], Any]) -> Loaded[F]:
+        """This registry, read through ``load`` (importing the built-in implementations, each
+        of which registers itself) run before the first read: the view a module above the
+        implementations hands out, so no implementation is imported by the module it registers
+        with."""
+        return Loaded(self, load)
+
+
+class Loaded(Generic[F]):
+    """A registry that imports its built-ins on the first read (``Registry.loading``)."""
+
+    def __init__(self, registry: Registry[F], load: Callable[[], Any]) -> None:
+        self.registry, self._load = registry, load
+
+    def _loaded(self) -> Registry[F]:
+        if self._load is not None:
+            self._load()
+            self._load = None
+        return self.registry
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded()
+
+    def get(self, name: str) -> F:
+        return self._loaded().get(name)
+
+    def names(self) -> list[str]:
+        return self._loaded().names()

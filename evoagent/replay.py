@@ -25,7 +25,8 @@ from evoagent.execute.executor import ExecContext, execute
 from evoagent.execute.trajectory import Trajectory
 from evoagent.graph.io import dump_graph, load_graph
 from evoagent.graph.model import AgentGraph
-from evoagent.llm.backend import SupportsTraining, make_backend
+from evoagent.llm.backend import SupportsTraining
+from evoagent.llm.factory import make_backend
 from evoagent.rl.config import RLConfig
 from evoagent.rl.policy import by_node, load_trained, lora_config
 from evoagent.spec.config import BackendConfig, RunSpec, TaskConfig

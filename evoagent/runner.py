@@ -7,14 +7,17 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from evoagent.archive.store import DB_NAME, Archive
+from evoagent.check import check_spec
 from evoagent.errors import ArchiveError, SpecError
 from evoagent.evolve.hooks import NullReporter, Reporter, SearchResult
 from evoagent.evolve.loop import Search
 from evoagent.graph.io import dump_graph
-from evoagent.llm.backend import backend_entry, make_backends
+from evoagent.llm.factory import backend_entry, make_backends
 from evoagent.rl.phase import RLPhase
-from evoagent.spec import check_spec, load_spec
+from evoagent.spec import load_spec
 from evoagent.spec.config import RunSpec
 from evoagent.tools import check_sandbox
 
@@ -46,7 +49,8 @@ def prepare(task: Path | str, *, output: str | None = None, resume: bool = False
                 f"--resume: the spec differs from the one {spec.run_dir} was started with, in "
                 + "; ".join(changed)
                 + f". A resumed run continues the same search: only {sorted(RESUMABLE)} may "
-                "change (give the run a new name to start another)"
+                "change (give the run a new name to start another; a setting the task does not "
+                "give may differ because its default changed: set it as the run had it)"
             )
     return spec
 
@@ -73,8 +77,14 @@ RESUMABLE = frozenset({"output", "base_dir", "evolve.generations", "evolve.max_c
 
 
 def spec_changes(stored_json: str, spec: RunSpec) -> list[str]:
-    """``"field: old -> new"`` for each leaf that differs, other than ``RESUMABLE`` ones."""
-    old, new = _leaves(json.loads(stored_json)), _leaves(spec.model_dump(mode="json"))
+    """``"field: old -> new"`` for each leaf that differs, other than ``RESUMABLE`` ones. The
+    stored spec is read through today's schema first, so a setting added since the run began
+    takes its default there too rather than counting as a change."""
+    try:
+        stored = RunSpec.model_validate_json(stored_json).model_dump(mode="json")
+    except ValidationError:  # a key since removed: compare the leaves as they were stored
+        stored = json.loads(stored_json)
+    old, new = _leaves(stored), _leaves(spec.model_dump(mode="json"))
     return [
         f"{k}: {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}"
         for k in sorted(old.keys() | new.keys())

@@ -9,10 +9,11 @@ kept for the next call, and one whose call times out is killed (SIGKILL) and rep
 next call. The function and its arguments cross by pickle: the worker imports the function's
 module itself, with this process's current ``sys.path``.
 
-An operator gets its ``MutationContext`` in the worker without the mutator LLM (a sync
-function could not await it anyway; make the operator ``async`` to use ``ctx.llm``);
-``ctx.history()`` is answered by this process over the worker's pipe, and the operator's draws
-from ``ctx.rng`` come back, so the slot's RNG continues as it would have in process.
+A caller may wrap the call (``wrap``, a module-level function run in the worker in place of
+``fn(*args)``) and answer the worker's questions (``ask`` in the worker, ``answer`` here) over
+the pipe: the mutation operators use this to give an operator ``ctx.history()`` and to bring its
+draws from ``ctx.rng`` back (``evoagent.evolve.operators``). Modules a caller's workers need
+go on the forkserver's preload list (``preload``), so no call's time limit pays for an import.
 
 Not covered: this is no sandbox. User code runs with the run's own permissions and memory
 (generated code goes through the ``python`` tool's bubblewrap sandbox instead).
@@ -27,16 +28,23 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
 from evoagent.errors import EvoagentError, UserCodeError
 
-_PRELOAD = ["evoagent.usercode", "evoagent.tasks.datasets", "evoagent.graph.model",
-            "evoagent.evolve.operators"]
+_PRELOAD = ["evoagent.usercode", "evoagent.tasks.datasets", "evoagent.graph.model"]
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(_PRELOAD)
+Wrap = Callable[[Callable[..., Any], Sequence[Any], Callable[[], Any]], Any]  # (fn, args, ask) -> result
+
+
+def preload(module: str) -> None:
+    """Have every worker import ``module`` before its first call (once the forkserver starts,
+    which is at the first call of the process: call this at import time)."""
+    if module not in _PRELOAD:
+        _PRELOAD.append(module)
+        _CTX.set_forkserver_preload(_PRELOAD)
 
 
 class UserCode:
@@ -54,16 +62,16 @@ class UserCode:
 
     async def call(
         self, fn: Callable[..., Any], args: Sequence[Any], timeout_s: float | None, what: str,
-        history: Callable[[], Any] | None = None,
+        wrap: Wrap | None = None, answer: Callable[[], Any] | None = None,
     ) -> Any:
         """``fn(*args)`` in a worker; raises ``UserCodeError`` naming ``what`` when it raised,
         hung past ``timeout_s`` (the worker is killed), died, or cannot cross the pipe; an
         ``EvoagentError`` it raised (``MutationError``: the operator does not apply) is
         raised here as is.
-        A cancelled call kills its worker too. ``history`` answers an operator's
-        ``ctx.history()`` (see the module docstring)."""
+        A cancelled call kills its worker too. ``wrap(fn, args, ask)`` runs in the worker
+        instead of ``fn(*args)``; each ``ask()`` there is answered by ``answer()`` here."""
         try:
-            payload = pickle.dumps((list(sys.path), fn, tuple(args)))
+            payload = pickle.dumps((list(sys.path), fn, tuple(args), wrap))
         except Exception as e:  # a lambda or a closure: it cannot reach another process
             raise UserCodeError(f"{what} cannot run in a worker process: {type(e).__name__}: {e}") from None
         if self._slots is None:
@@ -72,7 +80,7 @@ class UserCode:
             worker = self._idle.pop() if self._idle else await _start()
             ok = False
             try:
-                result = await asyncio.wait_for(worker.call(payload, what, history), timeout_s)
+                result = await asyncio.wait_for(worker.call(payload, what, answer), timeout_s)
                 ok = True
                 return result
             except TimeoutError:
@@ -101,7 +109,7 @@ class _Worker:
         child.close()
         self.clean = True  # false once a call ended without the worker answering
 
-    async def call(self, payload: bytes, what: str, history: Callable[[], Any] | None) -> Any:
+    async def call(self, payload: bytes, what: str, answer: Callable[[], Any] | None) -> Any:
         self.clean = False
         self.conn.send_bytes(payload)
         while True:
@@ -111,8 +119,8 @@ class _Worker:
             except (EOFError, OSError):
                 self.proc.join(1)
                 raise UserCodeError(f"{what}: its worker process died (exit code {self.proc.exitcode})") from None
-            if kind == "history":
-                self.conn.send(history() if history is not None else [])
+            if kind == "ask":
+                self.conn.send(answer() if answer is not None else None)
                 continue
             self.clean = True
             if kind == "ok":
@@ -163,13 +171,16 @@ def _serve(conn: Connection) -> None:
         except (EOFError, OSError):
             return
         try:
-            path, fn, args = pickle.loads(payload)
+            path, fn, args, wrap = pickle.loads(payload)
             if path != sys.path:
                 sys.path[:] = path
-            out = fn(*(_in_worker(a, conn) for a in args))
-            if inspect.isawaitable(out):
-                out = asyncio.run(_wait(out))
-            msg: tuple[str, Any] = ("ok", _with_rng(out, args))
+
+            def ask() -> Any:
+                conn.send(("ask", None))
+                return conn.recv()
+
+            out = wrap(fn, args, ask) if wrap is not None else settle(fn(*args))
+            msg: tuple[str, Any] = ("ok", out)
         except EvoagentError as e:  # a MutationError says "does not apply": it keeps its type
             msg = ("raise", e)
         except BaseException as e:  # the user's failure is the answer, not the worker's end
@@ -180,30 +191,13 @@ def _serve(conn: Connection) -> None:
             conn.send(("error", f"a result that cannot be sent back ({type(e).__name__}: {e})"))
 
 
+def settle(out: Any) -> Any:
+    """``out``, or what it resolves to when a sync-looking function returned an awaitable."""
+    return asyncio.run(_wait(out)) if inspect.isawaitable(out) else out
+
+
 async def _wait(awaitable: Any) -> Any:
     return await awaitable
-
-
-def _in_worker(arg: Any, conn: Connection) -> Any:
-    """A ``MutationContext`` becomes one whose ``history`` asks the parent; the rest as is."""
-    from evoagent.evolve.operators import MutationContext
-
-    if not isinstance(arg, MutationContext):
-        return arg
-
-    def history() -> Any:
-        conn.send(("history", None))
-        return conn.recv()
-
-    return replace(arg, history=history)
-
-
-def _with_rng(out: Any, args: Sequence[Any]) -> Any:
-    """An operator's child graph plus the state its ``ctx.rng`` ended in."""
-    from evoagent.evolve.operators import MutationContext
-
-    ctx = next((a for a in args if isinstance(a, MutationContext)), None)
-    return out if ctx is None else (out, ctx.rng.getstate())
 
 
 def _die_with_parent() -> None:

@@ -1,5 +1,6 @@
 """The archive: the run's only state (SQLite)."""
 
-from evoagent.archive.store import AgentRecord, Archive, EvalRecord, GenerationWrite
+from evoagent.archive.records import AgentRecord, EvalRecord, GenerationWrite
+from evoagent.archive.store import Archive
 
 __all__ = ["AgentRecord", "Archive", "EvalRecord", "GenerationWrite"]

@@ -16,7 +16,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from evoagent.archive.store import AgentRecord, Archive, EvalRecord
+from evoagent.archive.records import AgentRecord, EvalRecord
+from evoagent.archive.store import Archive
 
 Sort = Literal["score", "generation", "id"]
 

@@ -72,7 +72,7 @@ class EvalWorker:
 
     def __init__(self, spec_json: str) -> None:
         from evoagent.execute.executor import ExecContext
-        from evoagent.llm.backend import make_backend
+        from evoagent.llm.factory import make_backend
         from evoagent.tools import ToolContext
 
         self.spec = RunSpec.model_validate_json(spec_json)

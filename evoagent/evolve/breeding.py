@@ -13,16 +13,20 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from evoagent.archive.store import AgentRecord, Archive
+from evoagent.archive.records import AgentRecord
+from evoagent.archive.store import Archive
 from evoagent.archive.views import instance_scores, operator_outcomes
 from evoagent.errors import BackendError, GraphError, MutationError, SandboxError
+from evoagent.evolve.catalog import get_operator
 from evoagent.evolve.descriptors import get_descriptor
 from evoagent.evolve.novelty import NoveltyIndex
 from evoagent.evolve.operator_policy import Choose, get_policy
-from evoagent.evolve.operators import Feedback, MutationContext, Operator, get_operator
+from evoagent.evolve.operators import Feedback, MutationContext, Operator
 from evoagent.evolve.pending import Pending
-from evoagent.evolve.selection import Candidate, Pool, Selector, get_selector
+from evoagent.evolve.pool import Candidate, Pool, Selector
+from evoagent.evolve.selection import get_selector
 from evoagent.execute.evaluate import Evaluator
 from evoagent.execute.executor import request_seed
 from evoagent.execute.trajectory import Trajectory
@@ -80,7 +84,7 @@ class Breeder:
     _novelty: NoveltyIndex | None = field(default=None, init=False)  # built from the archive when first needed
 
     def __post_init__(self) -> None:
-        self.operators = [(get_operator(o.name), o.weight) for o in self.spec.evolve.operators]
+        self.operators = [(get_operator(o.name).configured(o.params), o.weight) for o in self.spec.evolve.operators]
         self.select = get_selector(self.spec.evolve.selection.kind)
         self.tools = sorted(set(known_tools()) | set(self.spec.task.tools))
 
@@ -160,7 +164,7 @@ class Breeder:
             seen = await self._current_executions(parents[0], pending)
         except BackendError as e:
             return _failed(gen, slot, base, "crashed", f"{RESCORE_FAILED} {parents[0].id}: {e}")
-        ctx = self._mutation_context(seen, rng, pool)
+        ctx = self._mutation_context(seen, rng, pool, op.settings)
         try:
             child = await op.apply([self.archive.graph(p.id) for p in parents], ctx,
                                    self.user, self.spec.evolve.operator_timeout_s)
@@ -206,7 +210,7 @@ class Breeder:
                               f"{ev.score:.3f} (v{ev.weights_version})")
 
     def _mutation_context(
-        self, executions: Sequence[Trajectory], rng: random.Random, pool: Pool
+        self, executions: Sequence[Trajectory], rng: random.Random, pool: Pool, settings: Any = None
     ) -> MutationContext:
         cfg = self.spec.evolve
         version = self.weights_version()
@@ -224,6 +228,7 @@ class Breeder:
             insights=tuple(self.insights()[: cfg.memory.top_k]),
             history=lambda: self._trials(pool, version),
             evaluate=lambda graph, n: self._rewards_on_train(graph, n, rng),
+            settings=settings,
         )
 
     async def _rewards_on_train(self, graph: AgentGraph, n: int, rng: random.Random) -> list[float]:

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from evoagent.archive.store import AgentRecord, Archive
+from evoagent.archive.records import AgentRecord
+from evoagent.archive.store import Archive
 from evoagent.errors import BackendError, EvoagentError
 from evoagent.evolve.breeding import (
     MUTATOR_FAILED,
@@ -31,7 +32,7 @@ from evoagent.evolve.cascade import cascade
 from evoagent.evolve.hooks import NullReporter, Reporter, RLHook, SearchResult
 from evoagent.evolve.insights import Insight, contrast_pairs, learn
 from evoagent.evolve.pending import Pending
-from evoagent.evolve.selection import Candidate
+from evoagent.evolve.pool import Candidate
 from evoagent.execute.evaluate import Evaluation, Evaluator, LocalEvaluator
 from evoagent.execute.executor import ExecContext, request_seed
 from evoagent.execute.trajectory import SKIPS

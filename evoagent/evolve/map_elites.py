@@ -14,7 +14,7 @@ import bisect
 import random
 from collections.abc import Sequence
 
-from evoagent.evolve.selection import Candidate, Pool, selector, with_others
+from evoagent.evolve.pool import Candidate, Pool, selector, with_others
 from evoagent.spec.config import DescriptorConfig, SelectionConfig
 
 Cell = tuple[int, ...]

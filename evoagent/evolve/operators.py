@@ -20,13 +20,13 @@ LLM is ``async``), an async one is cancelled. task.yaml names operators by built
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from importlib.metadata import entry_points
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel
 
 from evoagent.errors import MutationError, SpecError, UserCodeError
 from evoagent.execute.trajectory import LLMStep, Trajectory
@@ -35,7 +35,7 @@ from evoagent.llm.backend import Backend
 from evoagent.llm.types import Usage
 from evoagent.registry import Registry
 from evoagent.spec.config import RunSpec
-from evoagent.usercode import UserCode
+from evoagent.usercode import UserCode, preload, settle
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,9 @@ class MutationContext:
             train inputs drawn with ``rng`` and returns their rewards (nothing is archived;
             the completions count toward the budget): for operators that search by trying
             (``learn_edges``).
+        settings: the operator's settings from its task.yaml entry (``params``), validated
+            against the model it registered (``mutation(..., settings=Model)``); None for an
+            operator without settings.
     """
 
     llm: Backend
@@ -114,6 +117,7 @@ class MutationContext:
     history: Callable[[], Sequence[tuple[AgentGraph, float]]] = field(default=lambda: (), repr=False)
     evaluate: Callable[[AgentGraph, int], Awaitable[list[float]]] = field(
         default=lambda g, n: _no_evaluate(g, n), repr=False)
+    settings: Any = None
 
 
 Check = Callable[[Sequence[AgentGraph], RunSpec], "str | None"]
@@ -131,12 +135,27 @@ class MutationOperator(Protocol):
 @dataclass(frozen=True)
 class Operator:
     """A registered operator, how many parents it takes, and what it needs of the run:
-    ``check(seed graphs, spec)`` says why it could never apply, or None."""
+    ``check(seed graphs, spec)`` says why it could never apply, or None. ``settings_model``
+    (a pydantic model whose fields all have defaults) is what its task.yaml ``params`` may
+    set; ``settings`` the validated values of one task.yaml entry (``configured``)."""
 
     name: str
     fn: MutationOperator
     parents: int = 1
     check: Check | None = None
+    settings_model: type[BaseModel] | None = None
+    settings: BaseModel | None = None
+
+    def configured(self, params: Mapping[str, Any], field: str = "params") -> Operator:
+        """This operator with ``params`` validated against its settings (defaults filled in);
+        a SpecError naming ``field`` for an unknown key or a bad value."""
+        from evoagent.spec.load import validate
+
+        if self.settings_model is None:
+            if params:
+                raise SpecError(f"{field}: operator {self.name!r} takes no settings (got {sorted(params)})")
+            return self
+        return replace(self, settings=validate(self.settings_model, dict(params), field))
 
     async def apply(
         self, parents: Sequence[AgentGraph], ctx: MutationContext, user: UserCode | None = None,
@@ -147,7 +166,7 @@ class Operator:
         if user is not None and not _builtin(self.fn) and not inspect.iscoroutinefunction(self.fn):
             portable = replace(ctx, llm=NoLLM(), history=_no_history, evaluate=_no_evaluate)
             child, rng = await user.call(self.fn, (list(parents), portable), timeout_s, what,
-                                         history=ctx.history)
+                                         wrap=_in_worker, answer=ctx.history)
             ctx.rng.setstate(rng)
         else:
             out = self.fn(parents, ctx)
@@ -177,6 +196,18 @@ def _no_history() -> Sequence[tuple[AgentGraph, float]]:
     return ()
 
 
+def _in_worker(fn: MutationOperator, args: Sequence[Any], ask: Callable[[], Any]) -> tuple[Any, Any]:
+    """A synchronous plug-in in its worker process: ``ctx.history()`` asks the search process,
+    and the state ``ctx.rng`` ends in comes back with the child, so the slot's RNG continues as
+    it would have in process."""
+    parents, ctx = args
+    ctx = replace(ctx, history=ask)
+    return settle(fn(parents, ctx)), ctx.rng.getstate()
+
+
+preload(__name__)  # workers unpickle _in_worker and MutationContext: import them before any call
+
+
 async def _no_evaluate(graph: AgentGraph, n: int) -> list[float]:
     raise UserCodeError("ctx.evaluate runs the policy, which only an async operator in the search "
                         "process can reach")
@@ -187,59 +218,26 @@ def _builtin(fn: object) -> bool:
     return getattr(fn, "__module__", "").startswith("evoagent.")
 
 
-_REGISTRY: Registry[Operator] = Registry("operator", SpecError)
+REGISTRY: Registry[Operator] = Registry("operator", SpecError)  # read by ``evolve.catalog``
 
 
 def mutation(
-    name: str, *, parents: int = 1, check: Check | None = None,
+    name: str, *, parents: int = 1, check: Check | None = None, settings: type[BaseModel] | None = None,
 ) -> Callable[[MutationOperator], MutationOperator]:
     """Register a mutation operator under ``name`` (the public plug-in decorator).
 
     ``check(seed graphs, spec)``, run when the spec is checked, returns why the operator
-    could never apply in this run (the spec error then names it), or None. A name is taken
-    once: a plug-in that reuses a built-in's name is refused, not swapped in.
+    could never apply in this run (the spec error then names it), or None. ``settings``: a
+    pydantic model of the operator's knobs, each with a default; task.yaml sets them in the
+    operator's ``params``, checked when the spec is, and the operator reads them as
+    ``ctx.settings``. A name is taken once: a plug-in that reuses a built-in's name is
+    refused, not swapped in.
     """
     if parents < 1:
         raise ValueError("an operator needs at least one parent")
 
     def deco(fn: MutationOperator) -> MutationOperator:
-        _REGISTRY.add(name, Operator(name, fn, parents, check))
+        REGISTRY.add(name, Operator(name, fn, parents, check, settings))
         return fn
 
     return deco
-
-
-def known_operators() -> list[str]:
-    _load_builtins()
-    return _REGISTRY.names()
-
-
-def get_operator(name: str) -> Operator:
-    """A built-in or registered name, a ``module:function`` ref, or an entry point."""
-    _load_builtins()
-    if name in _REGISTRY:
-        return _REGISTRY.get(name)
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except Exception as e:  # user code: a SyntaxError or NameError is a spec problem too
-            raise SpecError(f"cannot import {name!r}: {type(e).__name__}: {e}") from None
-        return _registered_as(fn) or Operator(name, fn)
-    for ep in entry_points(group="evoagent.mutations"):
-        if ep.name == name:
-            fn = ep.load()
-            return _registered_as(fn) or Operator(name, fn)
-    raise SpecError(f"unknown operator {name!r}; known: {known_operators()}")
-
-
-def _registered_as(fn: object) -> Operator | None:
-    return next((op for op in _REGISTRY.entries.values() if op.fn is fn), None)
-
-
-BUILTIN_MODULES = ("edge_learning", "insights", "param_search", "prompt_ops", "reasoning_ops", "structure_ops")
-
-
-def _load_builtins() -> None:
-    for name in BUILTIN_MODULES:
-        importlib.import_module(f"evoagent.evolve.{name}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
-from evoagent.evolve.selection import Candidate, Pool, selector, with_others
+from evoagent.evolve.pool import Candidate, Pool, selector, with_others
 from evoagent.spec.config import SelectionConfig
 
 

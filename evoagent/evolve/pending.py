@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from evoagent.archive.store import AgentRecord, EvalRecord, GenerationWrite
+from evoagent.archive.records import AgentRecord, EvalRecord, GenerationWrite
 from evoagent.evolve.insights import Insight
 from evoagent.execute.evaluate import Evaluation
 from evoagent.execute.trajectory import Trajectory

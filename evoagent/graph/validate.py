@@ -24,8 +24,10 @@ def placeholders(template: str) -> list[str]:
         raise GraphError(f"template {template[:40]!r}: {e}") from None
 
 
-def validate(graph: AgentGraph, tools: Collection[str]) -> AgentGraph:
-    """Return ``graph`` if it is runnable, else raise GraphError saying where it is not."""
+def validate(graph: AgentGraph, tools: Collection[str], envs: Collection[str] | None = None) -> AgentGraph:
+    """Return ``graph`` if it is runnable, else raise GraphError saying where it is not.
+    ``tools`` are the tool names its nodes may call; ``envs``, when given, the environments
+    a loop may play (the spec check passes the registry's; no operator changes a loop's env)."""
     ids = [n.id for n in graph.nodes]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -52,14 +54,15 @@ def validate(graph: AgentGraph, tools: Collection[str]) -> AgentGraph:
             raise GraphError(f"node {n.id!r} is not reachable from entry {graph.entry!r}")
         if n.id not in to_exit:
             raise GraphError(f"node {n.id!r} does not lead to exit {graph.exit!r}")
-        _check_node(n, set(nx.ancestors(g, n.id)), tools)
+        _check_node(n, set(nx.ancestors(g, n.id)), tools, envs)
         if isinstance(n, VoteNode) and g.in_degree(n.id) == 0:
             raise GraphError(f"vote node {n.id!r} has no inputs")
     return graph
 
 
 def _check_node(
-    node: LLMNode | ToolNode | LoopNode | VoteNode, upstream: set[str], tools: Collection[str]
+    node: LLMNode | ToolNode | LoopNode | VoteNode, upstream: set[str], tools: Collection[str],
+    envs: Collection[str] | None,
 ) -> None:
     if isinstance(node, VoteNode):
         return
@@ -73,14 +76,10 @@ def _check_node(
                 f"upstream node (allowed: {allowed})"
             )
     if isinstance(node, LoopNode) and node.env is not None:
-        from evoagent.tasks.envs import known_environments
-
         if node.tools:
             raise GraphError(f"node {node.id!r}: a loop plays either an env or tools, not both")
-        if node.env not in known_environments():
-            raise GraphError(
-                f"node {node.id!r}: unknown env {node.env!r}; known: {known_environments()}"
-            )
+        if envs is not None and node.env not in envs:
+            raise GraphError(f"node {node.id!r}: unknown env {node.env!r}; known: {sorted(envs)}")
     used = [node.tool] if isinstance(node, ToolNode) else list(getattr(node, "tools", ()))
     for tool in used:
         if tool not in tools and ":" not in tool:

@@ -1,4 +1,5 @@
-"""The backend extension point: one async ``generate`` over a batch, plus a registry by name.
+"""The backend extension point: one async ``generate`` over a batch, plus a registry by name
+that implementations add themselves to (``register_backend``) and ``llm.factory`` reads.
 
 A backend turns ``GenerationRequest``s into ``Generation``s, in order, one per request. It may
 batch, cache or reorder internally but must return results aligned with the requests. A request
@@ -10,15 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from evoagent.errors import BackendError
 from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.registry import Registry
 from evoagent.spec.config import BackendConfig
-
-if TYPE_CHECKING:
-    from evoagent.rl.config import RLConfig
 
 
 @runtime_checkable
@@ -49,10 +47,20 @@ class SupportsTraining(Protocol):
         request on; nothing generated under the old weights is served again."""
 
 
+@dataclass(frozen=True)
+class TrainingNeeds:
+    """What RL will ask of the policy backend, as the few plain facts a backend checks (the
+    RL config itself stays a floor above)."""
+
+    lora_rank: int
+    full_finetune: bool
+    per_node: bool  # one adapter per llm node (rl.adapters: per_node)
+
+
 B = TypeVar("B")
 BackendFactory = Callable[[BackendConfig], Backend]
 Preflight = Callable[[BackendConfig, str], None]  # (config, spec field) -> raises BackendError
-TrainCheck = Callable[[BackendConfig, "RLConfig"], str | None]  # -> why RL cannot train it, or None
+TrainCheck = Callable[[BackendConfig, TrainingNeeds], str | None]  # -> why RL cannot train it, or None
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,7 @@ class BackendEntry:
     train_check: TrainCheck | None = None  # what this backend needs of the policy and rl configs
 
 
-_REGISTRY: Registry[BackendEntry] = Registry("backend", BackendError)
+REGISTRY: Registry[BackendEntry] = Registry("backend", BackendError)  # read by ``llm.factory``
 
 
 def register_backend(
@@ -77,50 +85,26 @@ def register_backend(
 
     ``trainable=True`` promises that what the factory builds implements ``SupportsTraining``
     (given a config ``train_check`` accepts); the spec check uses it to refuse ``rl.enabled``
-    on a backend that cannot be trained. ``train_check(policy, rl)`` returns why this policy
-    config cannot be trained under ``rl`` (a message naming the field), or None.
+    on a backend that cannot be trained. ``train_check(policy, needs)`` returns why this
+    policy config cannot be trained as ``needs`` asks (a message naming the field), or None.
     ``preflight(cfg, field)`` runs before the search starts and raises ``BackendError``
     naming ``field`` when the backend cannot work.
     """
 
     def deco(factory: B) -> B:
-        _REGISTRY.add(name, BackendEntry(factory, trainable, preflight, train_check))  # type: ignore[arg-type]
+        REGISTRY.add(name, BackendEntry(factory, trainable, preflight, train_check))  # type: ignore[arg-type]
         return factory
 
     return deco
 
 
-def lora_fits(policy: BackendConfig, rl: RLConfig) -> str | None:
+def lora_fits(policy: BackendConfig, rl: TrainingNeeds) -> str | None:
     """Train check of the backends that serve adapters (vllm, openai): the adapter RL trains
     is one they can serve."""
     if not rl.full_finetune and rl.lora_rank > policy.max_lora_rank:
         return (f"rl.lora_rank: {rl.lora_rank} exceeds policy.max_lora_rank ({policy.max_lora_rank}), "
                 f"the largest adapter the {policy.kind} backend serves")
     return None
-
-
-def known_backends() -> list[str]:
-    """Names of the registered backends, sorted."""
-    _load_builtins()
-    return _REGISTRY.names()
-
-
-def backend_entry(kind: str) -> BackendEntry:
-    """The registry entry of ``kind``; an unknown kind lists the known ones."""
-    _load_builtins()
-    return _REGISTRY.get(kind)
-
-
-def make_backend(cfg: BackendConfig) -> Backend:
-    """Build the backend named by ``cfg.kind``; an unknown kind lists the known ones."""
-    return backend_entry(cfg.kind).factory(cfg)
-
-
-def make_backends(policy: BackendConfig, mutator: BackendConfig | None) -> tuple[Backend, Backend]:
-    """The policy and mutator backends; one object serves both when the mutator is unset or
-    configured like the policy (one model in memory, one cache)."""
-    served = make_backend(policy)
-    return served, served if mutator is None or mutator == policy else make_backend(mutator)
 
 
 def total_usage(backends: Sequence[Backend]) -> Usage:
@@ -130,8 +114,3 @@ def total_usage(backends: Sequence[Backend]) -> Usage:
         out.calls += b.usage.calls
         out.tokens += b.usage.tokens
     return out
-
-
-def _load_builtins() -> None:
-    """Import the built-in backends lazily so torch loads only when a model is wanted."""
-    from evoagent.llm import hf, openai, scripted, vllm  # noqa: F401

@@ -18,7 +18,9 @@ Where the time goes, and what this backend does about it:
   node (``rl.adapters: per_node``) each adapter is merged into a generation copy of its own
   and a request naming it (``GenerationRequest.adapter``) is decoded there, in a part of the
   batch with the other requests for that adapter; the base model serves the rest. That costs
-  a model's memory per trained node, and keeps every token at merged speed: peft's
+  a model's memory per copy, so at most ``policy.max_adapter_copies`` are kept (least recently
+  used goes; its memory is reused for the next node's merge, which rewrites only the adapted
+  projections), and keeps every token at merged speed: peft's
   mixed-adapter batch (``adapter_names``, LoRA unmerged) decodes at about half the speed
   (bench/backend_throughput.py: lora_unmerged_ratio), and an agent's nodes mostly run one
   after the other, so its requests seldom meet in one batch anyway.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import copy
 import inspect
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +52,7 @@ from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
 from evoagent.llm.decode import Sampling, decode, forward
-from evoagent.llm.embedded import model_folder
+from evoagent.llm.embedded import check_model, model_folder
 from evoagent.llm.hardware import DTYPES, resolve_device, resolve_dtype
 from evoagent.llm.kv import INDEX, KV, PrefixStore, common_prefix, layout, row_kv
 from evoagent.llm.types import Generation, GenerationRequest, Usage
@@ -72,7 +75,12 @@ def load_model(cfg: BackendConfig) -> tuple[Any, Any]:
     return model.to(device), tokenizer
 
 
-@register_backend("hf", trainable=True)
+def model_there(cfg: BackendConfig, field: str) -> None:
+    """Preflight: the model ``cfg.model`` names can be loaded (``check_model``)."""
+    check_model(cfg.model, f"{field}.model")
+
+
+@register_backend("hf", trainable=True, preflight=model_there)
 class HFBackend:
     """Serves ``GenerationRequest``s from a transformers model held in this process."""
 
@@ -100,7 +108,10 @@ class HFBackend:
             self._generate_batch, cfg.max_batch, cfg.batch_wait_ms, "hf"
         )
         self._trained: nn.Module | None = None
-        self._served: dict[str, tuple[nn.Module, PrefixStore]] = {}  # per-node adapters, merged
+        self._synced: nn.Module | None = None  # the trained model whose node adapters are served
+        self._nodes: list[str] = []  # its node ids (rl.adapters per_node), each served merged
+        self._served: OrderedDict[str, tuple[nn.Module, PrefixStore]] = OrderedDict()  # LRU of merged copies
+        self._served_lock = threading.Lock()  # the batcher's worker thread and a weight sync both change it
         self.usage = Usage()  # what the model generated (cache hits excluded)
         self.prefilled_tokens = 0  # prompt ids run through the model (cached prefixes excluded)
         self._closing = threading.Event()  # set by aclose: a decode in flight stops at its next step
@@ -136,23 +147,55 @@ class HFBackend:
 
     def sync_weights(self, model: nn.Module) -> None:
         """Serve ``model``'s weights from now on: its LoRA adapter is merged into the generation
-        model in the generation dtype (per node: each node's adapter into that node's copy of
-        the base, made on first use). Cached completions and prefix KV are dropped."""
+        model in the generation dtype (per node: each node's adapter into a copy of the base,
+        merged when the node first asks; the copies held are merged again now). Cached
+        completions and prefix KV are dropped."""
         nodes = node_adapters(model)
-        share = self.cfg.kv_cache_mb * 2**20 // (1 + len(set(nodes or ()) | set(self._served)))
-        try:
-            if nodes is None:
+        if nodes is None:
+            try:
                 load_served(self.model, model)
-            for node in nodes or ():
-                copied = self._served[node][0] if node in self._served else copy.deepcopy(self.model)
-                load_served(copied, model, node=node)
-                self._served[node] = (copied.eval(), PrefixStore(share))  # the KV budget, shared
-        except ValueError as e:
-            raise BackendError(f"cannot serve the trained weights: {e}") from e
+            except ValueError as e:
+                raise BackendError(f"cannot serve the trained weights: {e}") from e
+        else:
+            with self._served_lock:
+                self._synced, self._nodes = model, nodes
+                for node in [n for n in self._served if n not in nodes]:
+                    del self._served[node]
+                for node, (copied, store) in self._served.items():
+                    self._merge(node, copied)
+                    store.clear()
+                    store.max_bytes = self._kv_share()
         self.cache.clear()
         self.prefixes.clear()
         if nodes:
-            self.prefixes.max_bytes = share
+            self.prefixes.max_bytes = self._kv_share()
+
+    def _kv_share(self) -> int:
+        """Each store's part of ``kv_cache_mb``: the base's and every copy's alike."""
+        copies = min(len(self._nodes), self.cfg.max_adapter_copies)
+        return self.cfg.kv_cache_mb * 2**20 // (1 + copies)
+
+    def _merge(self, node: str, target: nn.Module) -> None:
+        try:
+            load_served(target, self._synced, node=node)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise BackendError(f"cannot serve the trained weights of node {node!r}: {e}") from e
+
+    def _served_copy(self, node: str) -> tuple[nn.Module, PrefixStore]:
+        """``node``'s merged copy, most recently used now; past ``max_adapter_copies`` the least
+        recently used copy is merged over (its memory reused) for ``node``."""
+        with self._served_lock:
+            if node in self._served:
+                self._served.move_to_end(node)
+                return self._served[node]
+            if len(self._served) >= self.cfg.max_adapter_copies:
+                _, (copied, store) = self._served.popitem(last=False)
+                store.clear()
+            else:
+                copied, store = copy.deepcopy(self.model).eval(), PrefixStore(self._kv_share())
+            self._merge(node, copied)
+            self._served[node] = (copied, store)
+            return copied, store
 
     # -- internals ---------------------------------------------------------------------------
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
@@ -164,7 +207,7 @@ class HFBackend:
         """
         prompts = [self.chat.prompt(r) for r in requests]
         cost = [len(p) + r.max_tokens for p, r in zip(prompts, requests, strict=True)]
-        served = [r.adapter if r.adapter in self._served else "" for r in requests]
+        served = [r.adapter if r.adapter in self._nodes else "" for r in requests]
         parts: list[list[int]] = [[]]
         width = 0  # the widest row of the current part
         for i in sorted(range(len(requests)), key=lambda i: (served[i], prompts[i])):
@@ -176,7 +219,8 @@ class HFBackend:
             width = max(width, cost[i])
         out: dict[int, Generation] = {}
         for part in parts:
-            model, prefixes = self._served.get(served[part[0]], (self.model, self.prefixes))
+            node = served[part[0]]
+            model, prefixes = self._served_copy(node) if node else (self.model, self.prefixes)
             out.update(zip(part, self._decode([requests[j] for j in part], [prompts[j] for j in part],
                                               model, prefixes)))
         release_memory()  # the KV caches and prefill activations of this call are garbage now

@@ -17,7 +17,8 @@ rendering, which need not extend the previous turn's ids (training then gives th
 of its own instead of joining the episode's).
 
 With ``weights`` set the policy is trained by RL: see ``evoagent.llm.served_lora`` (a local
-copy is trained, each adapter is loaded into the server and requests name it).
+copy is trained, each adapter is loaded into the server and requests name it), which also
+registers the ``openai`` backend.
 
 The API key is read from the environment variable named by ``api_key_env`` when the backend
 is built and kept only in the client's headers: it is never in the spec, the archive, the
@@ -35,10 +36,9 @@ from typing import Any
 import httpx
 
 from evoagent.errors import BackendError
-from evoagent.llm.backend import Backend, lora_fits, register_backend
+from evoagent.llm.backend import TrainingNeeds, lora_fits
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.types import Generation, GenerationRequest, Usage
-from evoagent.rl.config import RLConfig
 from evoagent.spec.config import BackendConfig
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -61,9 +61,8 @@ def api_key(cfg: BackendConfig, field: str = "") -> str | None:
 
 
 def check_server(cfg: BackendConfig, field: str) -> None:
-    """Before the search: the server answers at ``base_url`` and serves ``model`` (and, when RL
-    trains it, can do what training needs: ``served_lora.check_trainable``)."""
-    headers = _headers(api_key(cfg, field))
+    """Before the search: the server answers at ``base_url`` and serves ``model``."""
+    headers = headers_of(cfg, field)
     url = f"{cfg.base_url}/models"
     try:
         res = httpx.get(url, headers=headers, timeout=min(cfg.timeout_s, 10.0))
@@ -79,13 +78,9 @@ def check_server(cfg: BackendConfig, field: str) -> None:
         raise BackendError(f"{field}.base_url: {url} is not an OpenAI-compatible model list") from None
     if cfg.model not in served:
         raise BackendError(f"{field}.model: {cfg.model!r} is not served at {cfg.base_url}; it serves {served}")
-    if cfg.weights is not None:
-        from evoagent.llm.served_lora import check_trainable
-
-        check_trainable(cfg, field, headers)
 
 
-def trainable(policy: BackendConfig, rl: RLConfig) -> str | None:
+def trainable(policy: BackendConfig, rl: TrainingNeeds) -> str | None:
     """Train check: RL over a served policy trains a LoRA adapter on a local copy."""
     if policy.weights is None:
         return ("policy.weights: RL over an openai policy trains a LoRA adapter on a local copy of "
@@ -100,16 +95,6 @@ def trainable(policy: BackendConfig, rl: RLConfig) -> str | None:
     return lora_fits(policy, rl)
 
 
-@register_backend("openai", trainable=True, preflight=check_server, train_check=trainable)
-def openai_backend(cfg: BackendConfig) -> Backend:
-    """A served policy; with ``weights``, one RL can train (``served_lora.ServedPolicy``)."""
-    if cfg.weights is None:
-        return OpenAIBackend(cfg)
-    from evoagent.llm.served_lora import ServedPolicy
-
-    return ServedPolicy(cfg)
-
-
 class OpenAIBackend:
     """Serves ``GenerationRequest``s from an OpenAI-compatible chat server."""
 
@@ -117,7 +102,7 @@ class OpenAIBackend:
         if cfg.base_url is None:
             raise BackendError("base_url: required for kind openai")
         self.cfg = cfg
-        self._headers = _headers(api_key(cfg))
+        self._headers = headers_of(cfg)
         self.weights_version = 0
         self.cache = GenerationCache()
         self.extras = dict(EXTRAS)
@@ -200,7 +185,9 @@ class OpenAIBackend:
         raise BackendError(f"{self.cfg.base_url} failed {self.cfg.retries + 1} times (last: {last})")
 
 
-def _headers(key: str | None) -> dict[str, str]:
+def headers_of(cfg: BackendConfig, field: str = "") -> dict[str, str]:
+    """The request headers: the bearer key from ``api_key_env``, if any."""
+    key = api_key(cfg, field)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 

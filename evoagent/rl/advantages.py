@@ -101,21 +101,9 @@ class AdvantageConfig:
 AdvantageFn = Callable[[AdvantageInput, AdvantageConfig], Tensor]  # -> (S,) per-step advantages
 
 _REGISTRY: Registry[AdvantageFn] = Registry("advantage", RLError)
-
-
-def advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Register an advantage estimator under ``name``; a second use of a name raises RLError."""
-    return _REGISTRY.register(name)
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """Return the estimator called ``name``; unknown names raise RLError listing the known."""
-    return _REGISTRY.get(name)
-
-
-def known_advantages() -> list[str]:
-    """Names of the registered estimators, sorted."""
-    return _REGISTRY.names()
+advantage = _REGISTRY.register  # ``@advantage("name")``: register an estimator (a name once)
+get_advantage = _REGISTRY.get  # an unknown name raises RLError listing the known ones
+known_advantages = _REGISTRY.names
 
 
 def episode_returns(inp: AdvantageInput) -> Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from evoagent.rl.advantages import AdvantageConfig, known_advantages
 from evoagent.rl.losses import LossConfig, known_aggregations, known_policy_losses
@@ -133,26 +133,13 @@ class RLConfig(BaseModel):
         "(all RL phases together); required for them"
     )
 
-    @field_validator("algorithm")
+    @field_validator("algorithm", "loss", "loss_agg")
     @classmethod
-    def _known_algorithm(cls, v: str) -> str:
-        known = [*known_advantages(), RFT, DPO]
+    def _known_name(cls, v: str, info: ValidationInfo) -> str:
+        known = {"algorithm": lambda: [*known_advantages(), RFT, DPO], "loss": known_policy_losses,
+                 "loss_agg": known_aggregations}[info.field_name]()
         if v not in known:
-            raise ValueError(f"unknown algorithm {v!r}; known: {known}")
-        return v
-
-    @field_validator("loss")
-    @classmethod
-    def _known_loss(cls, v: str) -> str:
-        if v not in known_policy_losses():
-            raise ValueError(f"unknown loss {v!r}; known: {known_policy_losses()}")
-        return v
-
-    @field_validator("loss_agg")
-    @classmethod
-    def _known_agg(cls, v: str) -> str:
-        if v not in known_aggregations():
-            raise ValueError(f"unknown loss_agg {v!r}; known: {known_aggregations()}")
+            raise ValueError(f"unknown {info.field_name} {v!r}; known: {known}")
         return v
 
     @model_validator(mode="after")

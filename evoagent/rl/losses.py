@@ -115,34 +115,12 @@ _LOSSES: Registry[PolicyLossFn] = Registry("policy loss", RLError)
 _AGGS: Registry[AggregationFn] = Registry("aggregation", RLError)
 
 
-def policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Register a policy loss under ``name``; a second use of a name raises RLError."""
-    return _LOSSES.register(name)
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """Return the loss registered as ``name``; unknown names raise RLError listing the known."""
-    return _LOSSES.get(name)
-
-
-def known_policy_losses() -> list[str]:
-    """Names of the registered policy losses, sorted."""
-    return _LOSSES.names()
-
-
-def aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
-    """Register an aggregation under ``name``; a second use of a name raises RLError."""
-    return _AGGS.register(name)
-
-
-def get_aggregation(name: str) -> AggregationFn:
-    """Return the aggregation called ``name``; unknown names raise RLError listing the known."""
-    return _AGGS.get(name)
-
-
-def known_aggregations() -> list[str]:
-    """Names of the registered aggregations, sorted."""
-    return _AGGS.names()
+policy_loss = _LOSSES.register  # ``@policy_loss("name")``: register a loss (a name once)
+get_policy_loss = _LOSSES.get  # an unknown name raises RLError listing the known ones
+known_policy_losses = _LOSSES.names
+aggregation = _AGGS.register  # ``@aggregation("name")``: how token losses become one number
+get_aggregation = _AGGS.get
+known_aggregations = _AGGS.names
 
 
 # ------------------------------------------------------------------ aggregations

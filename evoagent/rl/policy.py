@@ -115,13 +115,8 @@ def base_model(model: nn.Module) -> nn.Module:
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
-def token_logprobs(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    temperature: float = 1.0,
-    wanted: Tensor | None = None,
-) -> Tensor:
+def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
+                   wanted: Tensor | None = None) -> Tensor:
     """(B, L) float32 log softmax(logits / temperature) of each token given its prefix.
 
     ``wanted`` (B, L) marks the tokens whose logprob is needed (the loss mask); the others come
@@ -163,13 +158,8 @@ def token_logprobs(
     return out.index_put((rows, cols), picked)
 
 
-def reference_logprobs(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    temperature: float = 1.0,
-    wanted: Tensor | None = None,
-) -> Tensor:
+def reference_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
+                       wanted: Tensor | None = None) -> Tensor:
     """(B, L) detached token logprobs of the base model under ``model``'s LoRA adapter.
 
     Raises RLError for a model without an adapter: full fine-tuning keeps no reference.

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from evoagent.errors import RLError
 from evoagent.heap import release_memory
+from evoagent.llm.hardware import native_bf16
 from evoagent.llm.weights import adapter_name
 from evoagent.rl.batch import TokenBatch
 from evoagent.rl.config import RLConfig
@@ -241,7 +242,7 @@ class Trainer:
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         """bf16 autocast of the forward passes on a CUDA device that supports it (optimizer
         state and loss stay fp32); on CPU the policy's own dtype (``policy.dtype``) decides."""
-        if self.cfg.autocast and self._device.type == "cuda" and torch.cuda.is_bf16_supported():
+        if self.cfg.autocast and self._device.type == "cuda" and native_bf16("cuda"):
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

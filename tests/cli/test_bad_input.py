@@ -154,6 +154,19 @@ CASES = [
          spec_with("{kind: scripted}", "{kind: vllm}") + "rl: {enabled: true, lora_rank: 32}\n"),
     Case("per-node-adapters-full-finetune", r"rl: .*adapters: per_node trains one LoRA adapter per node",
          GOOD + "rl: {adapters: per_node, full_finetune: true}\n"),
+    # -- operator settings (params), checked against what the operator declares
+    Case("operator-param-out-of-range", r"evolve\.operators\[0\]\.params: invalid lr: Input should be greater than 0 \(got -1\)",
+         GOOD + "evolve: {operators: [{name: learn_edges, params: {lr: -1}}]}\n"),
+    Case("operator-param-unknown", r"evolve\.operators\[0\]\.params: invalid iteration: unknown key; did you mean 'iterations'",
+         GOOD + "evolve: {operators: [{name: learn_edges, params: {iteration: 8}}]}\n"),
+    Case("operator-without-settings", r"evolve\.operators\[0\]\.params: operator 'bootstrap_demos' takes no settings \(got \['n'\]\)",
+         GOOD + "evolve: {operators: [{name: bootstrap_demos, params: {n: 2}}]}\n"),
+    # -- model names: checked before any model loads
+    Case("embedded-model-unknown", r"mutator\.model: unknown embedded model 'embedded:llama-70b'; known: "
+         r"\['embedded', 'embedded:gemma-3-270m', 'embedded:qwen2\.5-coder-0\.5b', 'embedded:qwen2\.5-coder-1\.5b'",
+         GOOD + "mutator: {model: 'embedded:llama-70b'}\n"),
+    Case("model-folder-missing", r"policy\.model: /no/such/model is not a Hugging Face model folder \(no config\.json\)",
+         spec_with("{kind: scripted}", "{kind: hf, model: /no/such/model}")),
     # -- model servers: checked before any model loads (nothing listens on port 9 here)
     Case("openai-without-base-url", r"policy: base_url: required for kind openai",
          spec_with("{kind: scripted}", "{kind: openai, model: m}")),

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from evoagent import runner
 from evoagent.archive import Archive
+from evoagent.check import check_spec
 from evoagent.evolve.loop import Search
 from evoagent.llm.scripted import ScriptedBackend
 from evoagent.llm.types import GenerationRequest
-from evoagent.spec import check_spec, load_spec
+from evoagent.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from evoagent.errors import MutationError
+from evoagent.evolve.catalog import get_operator
 from evoagent.evolve.edge_learning import needs_edges
-from evoagent.evolve.operators import MutationContext, get_operator
+from evoagent.evolve.operators import MutationContext
 from evoagent.execute.executor import ExecContext, execute
 from evoagent.graph import graph_from_dict, validate
 from evoagent.llm.scripted import ScriptedBackend
@@ -69,3 +70,26 @@ def test_it_refuses_a_graph_without_probabilistic_edges():
     assert "no seed graph has an edge with p" in needs_edges([plain], spec(8))
     assert "task.splits.train is 0" in needs_edges([SWARM], spec(0))
     assert needs_edges([plain, SWARM], spec(8)) is None
+
+
+def test_its_settings_come_from_task_yaml_and_bound_the_work():
+    """iterations x samples x inputs executions per child, as the task's params say."""
+    op = get_operator("learn_edges").configured({"iterations": 1, "samples": 2, "inputs": 1})
+    assert op.settings.lr == 4.0 and op.settings.keep == 0.5  # unset ones keep their defaults
+    calls = []
+    base = context(0)
+
+    async def counted(graph, n):
+        calls.append(n)
+        return await base.evaluate(graph, n)
+
+    ctx = MutationContext(llm=base.llm, rng=base.rng, task="t", evaluate=counted, settings=op.settings)
+    try:
+        asyncio.run(op.apply([SWARM], ctx))
+    except MutationError:
+        pass  # one step may leave the graph as it was; the work done is what is checked
+    assert calls == [1, 1]
+    strict = get_operator("learn_edges").configured({"keep": 0.999})
+    kept = asyncio.run(strict.apply([SWARM], MutationContext(llm=base.llm, rng=random.Random(0), task="t",
+                                                              evaluate=context(0).evaluate, settings=strict.settings)))
+    assert all(e.p is not None for e in kept.edges if (e.src, e.dst) == ("hint", "answer"))

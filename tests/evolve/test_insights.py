@@ -11,13 +11,14 @@ import pytest
 
 from evoagent import runner
 from evoagent.archive import Archive
+from evoagent.check import check_spec
 from evoagent.errors import SpecError
 from evoagent.evolve.insights import HEADER, Insight, apply_operations, contrast_pairs
 from evoagent.evolve.loop import Search
 from evoagent.execute.trajectory import Trajectory
 from evoagent.llm.scripted import ScriptedBackend, echo
 from evoagent.report import write_report
-from evoagent.spec import check_spec, load_spec
+from evoagent.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = f"""

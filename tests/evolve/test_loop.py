@@ -11,10 +11,11 @@ import pytest
 
 import evoagent
 from evoagent.archive import Archive
+from evoagent.check import check_spec
 from evoagent.evolve.hooks import NullReporter
 from evoagent.evolve.loop import Search
 from evoagent.llm.scripted import ScriptedBackend
-from evoagent.spec import check_spec, load_spec
+from evoagent.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -246,3 +247,23 @@ def test_after_an_rl_phase_every_agent_stays_selectable_and_is_rescored_when_dra
             assert len(trajs) == 6 and all(t.output.startswith(f"v{int(gen) - 1}:") for t in trajs)
     assert set().union(*SEEN) == {"v0", "v1", "v2"}
     assert all(len(shown) == 1 for shown in SEEN)  # never a mix of versions
+
+
+def test_a_run_begun_before_a_setting_existed_still_resumes(tmp_path):
+    """The archive keeps the spec as it was dumped then: a setting added since (an operator's
+    params, policy.max_adapter_copies) is not a change, but a default that moved is, by name."""
+    import json
+
+    from evoagent import runner
+    from evoagent.spec.config import RunSpec
+
+    (tmp_path / "task.yaml").write_text(SPEC)
+    spec = load_spec(tmp_path / "task.yaml")
+    stored = spec.model_dump(mode="json")
+    del stored["policy"]["max_adapter_copies"]
+    for op in stored["evolve"]["operators"]:
+        del op["params"]
+    assert runner.spec_changes(json.dumps(stored), spec) == []
+    stored["evolve"]["operator_policy"]["kind"] = "fixed" if spec.evolve.operator_policy.kind != "fixed" else "adaptive"
+    (change,) = runner.spec_changes(json.dumps(stored), RunSpec.model_validate(spec.model_dump()))
+    assert change.startswith("evolve.operator_policy.kind: ")

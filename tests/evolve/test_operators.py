@@ -10,15 +10,11 @@ from pathlib import Path
 import pytest
 
 from evoagent.errors import MutationError, SpecError
-from evoagent.evolve.operators import (
-    Feedback,
-    MutationContext,
-    TraceStep,
-    get_operator,
-    known_operators,
-)
+from evoagent.evolve.catalog import get_operator, known_operators
+from evoagent.evolve.operators import Feedback, MutationContext, TraceStep
 from evoagent.evolve.param_search import space
-from evoagent.evolve.selection import Candidate, Pool, get_selector
+from evoagent.evolve.pool import Candidate, Pool
+from evoagent.evolve.selection import get_selector
 from evoagent.execute.executor import ExecContext, execute
 from evoagent.graph import LLMNode, ToolNode, load_graph, validate
 from evoagent.llm.scripted import ScriptedBackend

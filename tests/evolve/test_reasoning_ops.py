@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from evoagent.errors import MutationError
-from evoagent.evolve.operators import MutationContext, get_operator
+from evoagent.evolve.catalog import get_operator
+from evoagent.evolve.operators import MutationContext
 from evoagent.evolve.reasoning_ops import PLAN_SYSTEM, REFLECT_SYSTEM, RETRY_SYSTEM
 from evoagent.execute.executor import ExecContext, execute
 from evoagent.graph import LLMNode, VoteNode, load_graph, validate

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from evoagent.archive import Archive
 from evoagent.archive.views import Outcome
+from evoagent.check import check_spec
 from evoagent.evolve.loop import Search
 from evoagent.evolve.novelty import NoveltyIndex
 from evoagent.evolve.operator_policy import adaptive, fixed
@@ -16,7 +17,7 @@ from evoagent.evolve.operators import Operator
 from evoagent.graph import load_graph
 from evoagent.llm.scripted import ScriptedBackend
 from evoagent.report import write_report
-from evoagent.spec import check_spec, load_spec
+from evoagent.spec import load_spec
 from evoagent.spec.config import OperatorPolicyConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +118,7 @@ def test_the_adaptive_policy_forgets_what_an_operator_did_long_ago():
 
 
 def cand(agent_id: str, score: float, generation: int = 1):
-    from evoagent.evolve.selection import Candidate
+    from evoagent.evolve.pool import Candidate
 
     return Candidate(agent_id, score, 0, 0, generation)
 
@@ -134,7 +135,7 @@ def picks(kind: str, pool, cfg=None, n: int = 300) -> dict[str, int]:
 
 
 def test_pareto_keeps_an_agent_that_alone_solves_some_inputs():
-    from evoagent.evolve.selection import Pool
+    from evoagent.evolve.pool import Pool
 
     solved = {"a": {"1", "2", "3", "4", "5", "6"}, "b": {"7", "8", "9"}, "c": {"1", "2"}, "d": set()}
     rewards = {k: {str(i): float(str(i) in v) for i in range(1, 11)} for k, v in solved.items()}
@@ -146,7 +147,7 @@ def test_pareto_keeps_an_agent_that_alone_solves_some_inputs():
 
 
 def test_map_elites_draws_each_occupied_cells_elite_alike():
-    from evoagent.evolve.selection import Pool
+    from evoagent.evolve.pool import Pool
     from evoagent.spec.config import DescriptorConfig, SelectionConfig
 
     scores = {"small": 0.2, "small_best": 0.3, "large": 0.5, "large_best": 0.6, "unmeasured": 0.9}

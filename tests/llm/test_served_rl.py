@@ -13,9 +13,8 @@ import torch
 from adapters import set_lora_b, trained_lora
 
 from evoagent.errors import BackendError
-from evoagent.llm.backend import make_backend
-from evoagent.llm.openai import check_server
-from evoagent.llm.served_lora import ServedPolicy
+from evoagent.llm.factory import make_backend
+from evoagent.llm.served_lora import ServedPolicy, check_served
 from evoagent.llm.types import GenerationRequest
 from evoagent.rl.policy import token_logprobs
 from evoagent.spec.config import BackendConfig
@@ -39,16 +38,16 @@ def served_names(server) -> list[str]:
 
 
 def test_preflight_refuses_a_server_rl_cannot_train(proxy, vllm_model_dir, tmp_path):
-    check_server(config(proxy.url, vllm_model_dir), "policy")  # the real server can
+    check_served(config(proxy.url, vllm_model_dir), "policy")  # the real server can
     with pytest.raises(BackendError, match=r"policy\.weights: .* is not a Hugging Face model folder"):
-        check_server(config(proxy.url, tmp_path), "policy")
+        check_served(config(proxy.url, tmp_path), "policy")
     proxy.strip = {"token_ids", "prompt_token_ids"}  # as a server that does not return them
     with pytest.raises(BackendError, match=r"policy\.base_url: RL trains on the token ids .* returned none"):
-        check_server(config(proxy.url, vllm_model_dir), "policy")
+        check_served(config(proxy.url, vllm_model_dir), "policy")
     proxy.strip, proxy.hide = set(), {"/load_lora_adapter"}  # as a server without runtime LoRA
     with pytest.raises(BackendError, match=r"cannot load LoRA adapters at run time.*--enable-lora "
                                            r"--max-lora-rank 8 with VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
-        check_server(config(proxy.url, vllm_model_dir), "policy")
+        check_served(config(proxy.url, vllm_model_dir), "policy")
 
 
 def test_a_sync_serves_the_trained_adapter_from_the_server(openai_server, monkeypatch, vllm_model_dir, tmp_path):

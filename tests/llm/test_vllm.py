@@ -21,7 +21,7 @@ LOGPROB_TOLERANCE = 1e-4  # float32 engine against the float32 trainer (measured
 
 @pytest.fixture(scope="module")
 def backend(vllm_model_dir):
-    from evoagent.llm.backend import make_backend
+    from evoagent.llm.factory import make_backend
 
     b = make_backend(BackendConfig(kind="vllm", model=str(vllm_model_dir), dtype="float32",
                                    max_context=256, kv_cache_mb=256, max_lora_rank=8))
@@ -106,7 +106,7 @@ def test_per_node_adapters_are_served_each_to_its_node_in_one_call(backend):
 
 
 def test_full_weights_reload_in_place(vllm_model_dir):
-    from evoagent.llm.backend import make_backend
+    from evoagent.llm.factory import make_backend
 
     b = make_backend(BackendConfig(kind="vllm", model=str(vllm_model_dir), dtype="float32",
                                    max_context=256, kv_cache_mb=256))

@@ -13,7 +13,7 @@ from adapters import node_loras
 from evoagent.errors import RLError
 from evoagent.execute.executor import ExecContext
 from evoagent.graph import load_graph
-from evoagent.llm.backend import make_backend
+from evoagent.llm.factory import make_backend
 from evoagent.llm.types import GenerationRequest
 from evoagent.llm.weights import NODE_PREFIX, adapter_name, node_adapters
 from evoagent.replay import ArchivedAgent, export, run_exported, run_once

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from evoagent.spec import check_spec, load_spec
+from evoagent.check import check_spec
+from evoagent.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*/task.yaml"))

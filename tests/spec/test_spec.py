@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from evoagent.check import check_spec
 from evoagent.errors import SpecError
-from evoagent.spec import check_spec, load_spec
+from evoagent.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "arithmetic" / "task.yaml"
@@ -119,7 +120,7 @@ def test_rl_misconfiguration_fails_at_spec_time(tmp_path):
 
 
 def test_only_a_backend_registered_as_trainable_passes_the_rl_check():
-    from evoagent.llm.backend import backend_entry, known_backends
+    from evoagent.llm.factory import backend_entry, known_backends
 
     assert {k for k in known_backends() if backend_entry(k).trainable} == {"hf", "openai", "vllm"}
     assert backend_entry("openai").train_check is not None  # only with local weights (test_bad_input)

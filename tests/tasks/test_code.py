@@ -82,9 +82,10 @@ def test_exiting_before_the_tests_run_does_not_pass(escape):
 def test_hanging_answers_do_not_starve_correct_ones_scored_at_the_same_time():
     """Each sandboxed run is awaited, not held in a worker thread: correct answers scored
     beside many hanging ones still finish within their own time limit (in a thread pool of
-    cpu + 4 threads, 24 runs of 3 s each would hold the correct ones past the 8 s reward limit)."""
-    cfg = RewardConfig(kind="unit_tests", extract="code", timeout_s=8)
-    limits = SANDBOX.model_copy(update={"timeout_s": 3})
+    cpu + 4 threads, 24 runs of 6 s each would hold the correct ones past the 20 s reward
+    limit; 6 s leaves a correct run room to start on a loaded machine)."""
+    cfg = RewardConfig(kind="unit_tests", extract="code", timeout_s=20)
+    limits = SANDBOX.model_copy(update={"timeout_s": 6})
     # sleeping, not spinning: the point is the waiting, not a fight for the CPU
     hang = "```python\nimport time\ndef has_close_elements(numbers, threshold):\n    time.sleep(60)\n```"
 

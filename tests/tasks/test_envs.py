@@ -18,6 +18,7 @@ from evoagent.graph.validate import validate
 from evoagent.llm.scripted import ScriptedBackend
 from evoagent.spec.config import DatasetConfig, RewardConfig
 from evoagent.tasks.datasets import load_examples
+from evoagent.tasks.envs import known_environments
 from evoagent.tools import ToolContext
 
 pytest.importorskip("textarena")
@@ -66,14 +67,16 @@ def test_two_invalid_moves_end_the_game_with_zero():
 
 def test_bad_env_references_name_the_node():
     with pytest.raises(GraphError, match=r"node 'p'.*unknown env 'chess'.*textarena"):
-        validate(AgentGraph(nodes=(LoopNode(id="p", env="chess"),), entry="p", exit="p"), tools=[])
+        validate(AgentGraph(nodes=(LoopNode(id="p", env="chess"),), entry="p", exit="p"), tools=[],
+                 envs=known_environments())
     with pytest.raises(GraphError, match="either an env or tools"):
         validate(AgentGraph(nodes=(LoopNode(id="p", env="textarena", tools=("calculator",)),),
                             entry="p", exit="p"), tools=["calculator"])
 
 
 def test_the_frozenlake_example_spec_is_valid():
-    from evoagent.spec import check_spec, load_spec
+    from evoagent.check import check_spec
+    from evoagent.spec import load_spec
 
     spec = load_spec(ROOT / "examples" / "frozenlake" / "task.yaml")
     check_spec(spec)
@@ -97,7 +100,8 @@ def test_episodes_in_threads_get_their_own_board_and_leave_random_alone():
 
 
 def test_an_env_loop_on_a_dataset_it_cannot_play_fails_at_spec_time(tmp_path):
-    from evoagent.spec import check_spec, load_spec
+    from evoagent.check import check_spec
+    from evoagent.spec import load_spec
 
     (tmp_path / "task.yaml").write_text(f"""
 name: t

@@ -1,0 +1,128 @@
+"""Results must match the code that made them: fail on any ``bench/results/*.json`` whose code
+has changed since it was written, unless ``bench/stale_ok.json`` names the change and says why
+it cannot move a figure.
+
+A results file records the code it ran (``code``: {repo path: sha256 prefix} of its script,
+every module the script can reach and its input files; ``results_io.write_results`` and
+``headline.py`` write it, per task for the headline). A file written before that record existed
+is checked against the code of the commit that last wrote it (its script and what it reached
+there), as git holds it. A recorded file that differs from the file as it stands, or is gone,
+is a change.
+
+``bench/stale_ok.json`` maps a results file (``headline.json#sums`` for one task of the
+headline) to ``{"files": {path: sha256 prefix as it stands now}, "why": "..."}``: each changed
+file must be listed with its current hash, so an entry covers exactly the change it explains
+and a later edit of the same file is flagged again.
+
+    python bench/stale.py            # exit 1 and one line per stale result; exit 0 when none
+    python bench/stale.py --ok FILE  # print a stale_ok entry to fill in for FILE's changes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from code_graph import ROOT, Tree, digest, manifest  # bench/ is sys.path[0] when a script runs
+
+RESULTS = ROOT / "bench" / "results"
+OK_FILE = ROOT / "bench" / "stale_ok.json"
+PARTS = ("tasks",)  # results whose parts (tasks) were written by separate runs, each with its code
+
+
+def script_of(result: Path) -> Path | None:
+    """The bench script that writes ``result``: ``NAME.json`` from ``NAME.py``, or from the
+    longest script name it begins with (``seed_scores_sums.json``); None if none does."""
+    scripts = {p.stem: p for p in (ROOT / "bench").glob("*.py")}
+    matches = [s for s in scripts if result.stem == s or result.stem.startswith(s + "_")]
+    return scripts[max(matches, key=len)] if matches else None
+
+
+def records(result: Path) -> dict[str, dict[str, str]]:
+    """{label: code record} of a results file: its own, or each part's, or one rebuilt from the
+    commit that last wrote it."""
+    data = json.loads(result.read_text())
+    if "code" in data:
+        return {result.name: data["code"]}
+    parts = {f"{result.name}#{name}": part.get("code", {}) for key in PARTS
+             for name, part in data.get(key, {}).items() if isinstance(part, dict)}
+    if any(parts.values()):  # a part without a record has nothing that says what made it
+        return parts
+    commit = subprocess.run(
+        ["git", "log", "-1", "--format=%H", "--", str(result.relative_to(ROOT))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    script = script_of(result)
+    if not commit or script is None:
+        return {result.name: {}}  # no record, and nothing else says what made it
+    return {result.name: manifest(script, tree=Tree(commit))}
+
+
+def changes(code: dict[str, str]) -> dict[str, str | None]:
+    """{path: its hash now (None: gone)} of every recorded file that is not as recorded."""
+    out: dict[str, str | None] = {}
+    for path, recorded in code.items():
+        f = ROOT / path  # a full path (an input outside the repository) stays as it is
+        now = digest(f.read_bytes()) if f.is_file() else None
+        if now != recorded:
+            out[path] = now
+    return out
+
+
+def check() -> list[str]:
+    """One line per stale result (empty: all match their code, or their changes are excused)."""
+    ok: dict[str, Any] = json.loads(OK_FILE.read_text()) if OK_FILE.is_file() else {}
+    problems = []
+    for result in sorted(RESULTS.glob("*.json")):
+        for label, code in records(result).items():
+            if not code:
+                problems.append(f"{label}: no record of the code that made it")
+                continue
+            changed = changes(code)
+            excused = ok.get(label, {}).get("files", {})
+            left = {p: h for p, h in changed.items() if excused.get(p, "missing") != h}
+            if left:
+                problems.append(
+                    f"{label}: its code changed since it was written: {', '.join(sorted(left))} "
+                    "(re-run it, or explain the change in bench/stale_ok.json)"
+                )
+    stray = set(ok) - {label for r in RESULTS.glob("*.json") for label in records(r)}
+    problems += [f"bench/stale_ok.json: {label} names no results file" for label in sorted(stray)]
+    return problems
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--ok", metavar="FILE", help="print a stale_ok entry for FILE's changes (e.g. rl_gain.json)"
+    )
+    a = ap.parse_args()
+    if a.ok:
+        wanted = Path(a.ok).name  # bench/results/rl_gain.json or rl_gain.json
+        entries = {
+            lab: {"files": changes(code), "why": "TODO"}
+            for lab, code in records(RESULTS / wanted.split("#")[0]).items()
+            if lab == wanted or "#" not in wanted
+        }
+        print(json.dumps(entries, indent=2))
+        return
+    problems = check()
+    for p in problems:
+        print(f"stale: {p}")
+    if problems:
+        sys.exit(1)
+    print(
+        f"stale: every result in {RESULTS.relative_to(ROOT)} matches the code that made it "
+        f"(or its change is explained in {OK_FILE.name}); ratio of stale results 0.0"
+    )
+
+
+if __name__ == "__main__":
+    main()
