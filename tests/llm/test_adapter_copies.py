@@ -46,8 +46,10 @@ def _tensor_mb() -> float:
     the moment it is made, and a copy still referenced anywhere (a leak) stays counted."""
     gc.collect()
     storages: dict[int, int] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor) and obj.device.type != "meta":
+    for obj in gc.get_objects():  # plain tensors only: a subclass (a FakeTensor that vLLM's
+        # compiler left behind, say) may hold no memory and refuse its data pointer
+        if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided \
+                and obj.device.type != "meta":
             storage = obj.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values()) / 2**20
