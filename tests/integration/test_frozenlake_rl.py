@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_grpo_and_gigpo_train_on_frozenlake(tmp_path):
-    # float32: in bf16 a request's logits depend on which other turns share its batch, which
-    # depends on timing, so the sampled episodes (and whether any group has a reward spread
-    # to train on) changed from run to run; in float32 they repeat exactly.
+    # float32: in bf16 a request's logits depend on the shape of the batch it shares, so the
+    # sampled episodes (and whether any group has a reward spread to train on) differed
+    # between this test alone and inside the full suite; in float32 they repeat exactly.
     backend = HFBackend(BackendConfig(max_batch=64, cache=False, dtype="float32"))
     boards = load_examples(DatasetConfig(kind="textarena", name="FrozenLake-v0-train", size=8),
                            0, ROOT)
