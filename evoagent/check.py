@@ -100,6 +100,15 @@ def check_spec(spec: RunSpec) -> None:
     if spec.evolve.children == 0 and not spec.rl.enabled:
         raise SpecError("evolve.children: 0 searches no programs, and with rl.enabled false the "
                         "run would do nothing after the seeds")
+    if spec.evolve.cascade.first_stage == "train" and spec.task.splits.train == 0:
+        raise SpecError("evolve.cascade.first_stage: train screens children on train examples, but "
+                        "task.splits.train is 0")
+    if spec.rl.reuse_search and spec.rl.algorithm == "dpo":
+        raise SpecError("rl.reuse_search: dpo pairs archived episodes already; the search's are "
+                        "among them (set reuse_search: false)")
+    if spec.rl.reuse_search and spec.evolve.cascade.first_stage != "train":
+        raise SpecError("rl.reuse_search: trains on the search's episodes on train examples, which "
+                        "only evolve.cascade.first_stage: train produces")
     if spec.rl.enabled and spec.task.splits.train == 0:
         raise SpecError("rl.enabled: task.splits.train is 0, so the RL phase has nothing to train on")
     for field, cfg in (("policy", spec.policy), ("mutator", spec.mutator)):

@@ -181,7 +181,8 @@ def show(run_dir: Path = RUN, agent_id: str = typer.Argument(..., help="id or un
     console.print(f"status: {r.status}" + (f" ({escape(r.reason)})" if r.reason else ""))
     table = Table("split", "stage", "weights", "score", "n", "tokens", "seconds", "generation")
     for e in d.evaluations:
-        table.add_row(e.split, e.stage, f"v{e.weights_version}", f"{e.score:.3f}", str(e.n),
+        weights = f"v{e.weights_version}" + (" (rolled back)" if e.weights_version in d.rolled_back else "")
+        table.add_row(e.split, e.stage, weights, f"{e.score:.3f}", str(e.n),
                       str(e.tokens), f"{e.seconds:.1f}", str(e.generation))
     console.print(table)
     console.print(f"cost: {d.cost['tokens']} tokens, {d.cost['seconds']:.1f} s")

@@ -9,7 +9,9 @@ Sections (each an element id, so tests and users can link to it):
   - ``operators``: per operator, children made, valid, improving on their parents, tokens spent;
   - ``grid``: with ``selection.kind: map_elites``, each occupied cell, its elite and occupancy;
   - ``insights``: the insight memory (ExpeL) with each rule's votes, when the run kept one;
-  - ``rl``: reward, accuracy, loss (and KL when trained with it) per RL step.
+  - ``rl``: reward, accuracy, loss (and KL when trained with it) per RL step;
+  - ``schedule``: each step (search generation or RL phase), its cost and val gain, and which
+    phases were rolled back.
 
 plotly.js is embedded once (no network needed to open the file); everything is read from the
 archive, opened read-only.
@@ -36,6 +38,7 @@ from evoagent.archive.views import (
     rl_phases,
 )
 from evoagent.graph.model import AgentGraph, LLMNode, LoopNode, ToolNode, VoteNode
+from evoagent.rl.schedule import Step, recorded
 
 TOP = 5
 KIND_COLOURS = {"llm": "#4c78a8", "tool": "#f58518", "loop": "#54a24b", "vote": "#b279a2"}
@@ -66,6 +69,8 @@ def write_report(run_dir: Path, out: Path | None = None, top: int = TOP) -> Path
                 + "".join(f"<tr><td>{v}</td><td style='text-align:left'>{html.escape(t)}</td></tr>"
                           for t, v in memory) + "</table>")] if (memory := archive.insights()) else []),
             ("rl", "RL training", _figure(_rl(archive), "rl")),
+            *([("schedule", "Schedule: each step's cost and gain", _schedule(steps))]
+              if (steps := recorded(archive)) else []),
         ]
         title = f"evoagent report: {Path(run_dir).name}"
         summary = (f"{len(list_agents(archive))} agents, {len(archive.generations())} committed "
@@ -104,8 +109,9 @@ def _curves(archive: Archive) -> go.Figure:
         fig.add_scatter(x=[p.generation for p in ps], y=[p.median for p in ps], mode="lines",
                         name=f"island {island} median", line={"color": colour, "dash": "dash"})
     for phase in rl_phases(archive):
-        fig.add_vline(x=phase["generation"], line_dash="dot", line_color="grey",
-                      annotation_text=f"RL -> v{phase['weights_version']}")
+        back = phase.get("rolled_back", False)
+        fig.add_vline(x=phase["generation"], line_dash="dot", line_color="red" if back else "grey",
+                      annotation_text=f"RL -> v{phase['weights_version']}" + (" rolled back" if back else ""))
     fig.update_layout(xaxis_title="generation", yaxis_title="val score", height=380)
     return fig
 
@@ -239,6 +245,15 @@ def _grid(archive: Archive, version: int) -> str:
     head = "".join(f"<th>{html.escape(a.name)}</th>" for a in axes)
     return (f"<table id='grid'><thead><tr>{head}<th>agents</th><th>elite</th><th>val</th></tr></thead>"
             f"<tbody>{rows}</tbody></table>")
+
+
+def _schedule(steps: list[Step]) -> str:
+    rows = "".join(
+        f"<tr><td>{s.generation}</td><td>{s.kind}</td><td>{s.requests}</td><td>{s.gain:+.3f}</td>"
+        f"<td>{'' if s.kept else 'rolled back'}</td></tr>" for s in steps
+    )
+    return ("<table id='schedule'><tr><th>generation</th><th>step</th><th>completions asked</th>"
+            f"<th>best val gain</th><th></th></tr>{rows}</table>")
 
 
 def _rl(archive: Archive) -> go.Figure:

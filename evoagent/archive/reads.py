@@ -85,13 +85,14 @@ class ArchiveReads:
         return row["score"] if row else None
 
     def stopped(self, split: str, version: int) -> list[tuple[AgentRecord, float]]:
-        """Valid agents whose ``split`` evaluation under ``version`` ended at the minibatch."""
+        """Valid agents the cascade stopped under ``version``: a minibatch score on ``split``
+        (the cascade's first stage: val or train), no full val score."""
         rows = self.db.execute(
             "SELECT a.*, e.score AS s FROM agents a JOIN evaluations e ON e.agent_id = a.id "
             "WHERE a.status='ok' AND e.split=? AND e.weights_version=? AND e.stage='minibatch' "
-            "AND NOT EXISTS (SELECT 1 FROM evaluations f WHERE f.agent_id = a.id AND f.split=? "
+            "AND NOT EXISTS (SELECT 1 FROM evaluations f WHERE f.agent_id = a.id AND f.split='val' "
             "AND f.weights_version=? AND f.stage='full') ORDER BY a.generation, a.id",
-            (split, version, split, version),
+            (split, version, version),
         ).fetchall()
         return [(agent_from_row(r), r["s"]) for r in rows]
 

@@ -49,7 +49,8 @@ class GenerationWrite:
     agents: list[AgentRecord]
     evaluations: list[EvalRecord]
     trajectories: list[tuple[str, Trajectory, int]]  # (split, trajectory, weights version)
-    checkpoint: tuple[str, dict[str, Any]] | None = None  # (path, metrics) of a new RL version
+    # (path, metrics, version) of an RL phase's weights: ``weights_version`` unless rolled back
+    checkpoint: tuple[str, dict[str, Any], int] | None = None
     usage: tuple[int, int] | None = None  # the run's model (calls, tokens) so far, if counted
     insights: list[tuple[str, int]] | None = None  # the insight memory's (text, votes), if changed
     meta: dict[str, Any] = field(default_factory=dict)  # run state others keep in meta (JSON values)

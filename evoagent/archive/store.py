@@ -181,10 +181,10 @@ class Archive(ArchiveReads):
                 [(t.agent_id, s, v, t.input_id, t.reward, t.to_json()) for s, t, v in w.trajectories],
             )
             if w.checkpoint is not None:
-                path, metrics = w.checkpoint
+                path, metrics, version = w.checkpoint
                 self.db.execute(
                     "INSERT OR REPLACE INTO rl_checkpoints VALUES (?,?,?,?)",
-                    (w.weights_version, w.generation, path, json.dumps(metrics)),
+                    (version, w.generation, path, json.dumps(metrics)),
                 )
             if w.usage is not None:
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('usage', ?)", (json.dumps(w.usage),))

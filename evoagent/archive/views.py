@@ -169,6 +169,7 @@ class AgentDetail:
     record: AgentRecord
     evaluations: list[EvalRecord]
     children: list[str]
+    rolled_back: frozenset[int] = frozenset()  # weights versions whose phase was rolled back
 
     @property
     def cost(self) -> dict[str, float]:
@@ -182,7 +183,8 @@ class AgentDetail:
             "id": r.id, "generation": r.generation, "island": r.island, "operator": r.operator,
             "parents": list(r.parents), "children": self.children, "status": r.status,
             "reason": r.reason, "cost": self.cost,
-            "evaluations": [asdict(e) for e in self.evaluations],
+            "evaluations": [{**asdict(e), "rolled_back": e.weights_version in self.rolled_back}
+                            for e in self.evaluations],
             "graph": r.graph.model_dump(mode="json") if r.graph else None,
         }
 
@@ -193,7 +195,13 @@ def agent_detail(archive: Archive, prefix: str) -> AgentDetail:
     children = [r["child"] for r in archive.db.execute(
         "SELECT child FROM lineage WHERE parent = ? ORDER BY child", (agent.id,)
     )]
-    return AgentDetail(agent, archive.evaluations(agent.id), children)
+    return AgentDetail(agent, archive.evaluations(agent.id), children, rolled_back(archive))
+
+
+def rolled_back(archive: Archive) -> frozenset[int]:
+    """Weights versions whose RL phase hurt and was rolled back (``rl.rollback``): scored once,
+    never served after."""
+    return frozenset(p["weights_version"] for p in rl_phases(archive) if p.get("rolled_back"))
 
 
 @dataclass(frozen=True)

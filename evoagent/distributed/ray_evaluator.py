@@ -147,6 +147,7 @@ class RayEvaluator:
         self.version = 0
         self.resubmitted = 0
         self._spent: dict[str, tuple[int, int]] = {}  # worker name -> its latest (calls, tokens)
+        self._requests = 0  # completions the workers were asked for: one per LLM step returned
         self.log = log
 
     async def evaluate(self, graph: AgentGraph, examples: Sequence[Example], on_done: OnDone = None) -> Evaluation:
@@ -169,6 +170,7 @@ class RayEvaluator:
             idle.put_nowait(worker)
             self._spent[name] = max(self._spent.get(name, (0, 0)), (calls, tokens))
             trajectories = [Trajectory.from_json(t) for t in raw]
+            self._requests += sum(len(t.llm_steps) for t in trajectories)
             for _ in trajectories:
                 if on_done is not None:
                     on_done()
@@ -178,7 +180,8 @@ class RayEvaluator:
     def usage(self) -> Usage:
         """What the workers' models generated, as their last answers reported it (a dead
         worker's count stays; what it generated after its last answer is not known)."""
-        return Usage(sum(c for c, _ in self._spent.values()), sum(t for _, t in self._spent.values()))
+        return Usage(sum(c for c, _ in self._spent.values()), sum(t for _, t in self._spent.values()),
+                     self._requests)
 
     async def sync(self, weights: dict[str, Any], version: int) -> None:
         """Every worker serves ``weights`` as ``version`` before the next evaluation."""

@@ -244,7 +244,8 @@ class Breeder:
         too, with their minibatch score: TPE learns where not to look. Loaded only when an
         operator asks (param_search), since it reads every graph."""
         scored = [(self.archive.graph(c.id), c.score) for c in pool.candidates if c.version == version]
-        stopped = [(a.graph, s) for a, s in self.archive.stopped("val", version) if a.graph]
+        stopped = [(a.graph, s) for a, s in self.archive.stopped(self.spec.evolve.cascade.first_stage, version)
+                   if a.graph]
         return scored + stopped
 
     def feedback(self, t: Trajectory) -> Feedback:

@@ -1,9 +1,12 @@
-"""Cascade evaluation: score a child on a small val minibatch first and spend the full val split
+"""Cascade evaluation: score a child on a small minibatch first and spend the full val split
 only on children that clear the bar (AlphaEvolve / OpenEvolve's evaluation cascade).
 
-The minibatch is the first ``minibatch`` val examples, fixed for the whole run, so minibatch
-scores are comparable across children; the full stage reuses the minibatch trajectories and
-runs only the remaining examples.
+With ``first_stage: val`` the minibatch is the first ``minibatch`` val examples, fixed for the
+whole run, so minibatch scores are comparable across children; the full stage reuses the
+minibatch trajectories and runs only the remaining examples. With ``first_stage: train`` the
+loop passes ``screen``, train examples drawn for the generation: the full stage then runs every
+val example, and the screen's episodes are on inputs the RL phase may train on
+(``rl.reuse_search``).
 """
 
 from __future__ import annotations
@@ -29,8 +32,15 @@ async def cascade(
     evaluator: Evaluator,
     cfg: CascadeConfig,
     on_done: Callable[[], None] | None = None,
+    screen: Sequence[Example] = (),
 ) -> CascadeResult:
-    """Minibatch stage, then (if ``score > threshold``) the rest of val merged into ``full``."""
+    """Minibatch stage, then (if ``score > threshold``) the rest of val merged into ``full``;
+    with a ``screen``, the minibatch stage runs on it and the full stage on all of val."""
+    if screen:
+        first = await evaluator.evaluate(graph, screen, on_done)
+        if first.score <= cfg.threshold:
+            return CascadeResult(first, None)
+        return CascadeResult(first, await evaluator.evaluate(graph, val, on_done))
     m = min(cfg.minibatch, len(val))
     first = await evaluator.evaluate(graph, val[:m], on_done)
     if first.score <= cfg.threshold and m < len(val):

@@ -43,9 +43,14 @@ class RLHook(Protocol):
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
         on_step: Callable[[], None] | None = None, reserve: Sequence[AgentGraph] = (),
+        reused: Sequence[Trajectory] = (),
     ) -> RLPhaseResult: ...
 
     def restore(self, path: str, version: int) -> None: ...
+
+    def rollback(self, path: str | None, version: int) -> None:
+        """Serve ``version``'s weights again after a phase that hurt: the checkpoint at ``path``,
+        or with None the weights before any phase."""
 
     def weights(self) -> dict[str, Any]:
         """The trained weights now served (what a checkpoint stores), for remote evaluators."""

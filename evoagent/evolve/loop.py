@@ -1,5 +1,7 @@
 """The outer loop: seed, then per generation select, mutate, validate, cascade-evaluate, archive;
-every ``rl.every`` generations an RL phase trains the policy on the elite's rollouts.
+after a generation, when ``rl.schedule`` says so, an RL phase trains the policy on the elite's
+rollouts. A phase is never the last step (the run ends on a search generation under the final
+weights), and a phase that lowered the best agent's val beyond the noise is rolled back.
 
 State lives only in the archive: each generation is computed in memory and written in one
 transaction at its end, and every random choice derives from (run seed, generation, slot), so
@@ -14,6 +16,7 @@ testing, does the run stop (``BackendError``), and ``--resume`` redoes that gene
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +42,16 @@ from evoagent.execute.trajectory import SKIPS
 from evoagent.graph import AgentGraph, load_graph, validate
 from evoagent.llm.backend import Backend, total_usage
 from evoagent.rl.curriculum import LEVEL_KEY, next_level, train_at
+from evoagent.rl.rollback import judge
+from evoagent.rl.schedule import (
+    RL,
+    SEARCH,
+    STEPS_KEY,
+    Step,
+    expected_rl_requests,
+    make_schedule,
+    recorded,
+)
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, load_examples, split
 from evoagent.tools import ToolContext
@@ -78,6 +91,9 @@ class Search:
         self._spent_before = archive.usage()  # a resumed run's budget goes on from here
         self.insights = [Insight(t, v) for t, v in (archive.insights() or memory)]
         self.level = archive.meta(LEVEL_KEY) or 0  # the curriculum's (rl/curriculum.py)
+        rl = spec.rl
+        self.schedule = make_schedule(rl.schedule, rl.every, rl.schedule_discount, rl.schedule_explore)
+        self.steps = recorded(archive)
         if self.level:
             self.splits["train"] = self._train_at(self.level)
 
@@ -107,6 +123,11 @@ class Search:
         now, far = total_usage([self.policy, self.mutator]), self.evaluator.usage()
         calls, tokens = self._spent_before
         return calls + now.calls + far.calls, tokens + now.tokens + far.tokens
+
+    def _requests(self) -> int:
+        """Completions asked of the models so far in this process, cache hits included: what a
+        step costs as ``rl.schedule`` counts it, the same whether or not the run was resumed."""
+        return total_usage([self.policy, self.mutator]).requests + self.evaluator.usage().requests
 
     def _budget_spent(self, gen: int) -> bool:
         cap = self.spec.evolve.max_calls
@@ -156,16 +177,63 @@ class Search:
         pool = selection_pool(self.archive, version)
         if not len(pool):
             raise EvoagentError("no valid scored agent to evolve from (all seeds failed?)")
+        asked, best = self._requests(), self._best_val(version)
         children = await self.breeder.breed(gen, pool, pending)
         await self._evaluate(gen, version, children, pending)
         if self.spec.evolve.memory.enabled:
             await self._learn_insights(gen, pending)
+        self.steps.append(Step(gen, SEARCH, self._requests() - asked, self._best_val(version, pending) - best))
         checkpoint = None
-        if self.rl is not None and self.spec.rl.enabled and gen % self.spec.rl.every == 0:
+        if self._rl_next(gen, pending):
             checkpoint, version = await self._rl_phase(pending, gen, version)
+        pending.meta[STEPS_KEY] = [s.to_json() for s in self.steps]
         self.archive.commit_generation(pending.write(checkpoint, self.usage()))
         self._progress(gen, version)
         return version
+
+    def _best_val(self, version: int, pending: Pending | None = None) -> float:
+        """The best full val score under ``version``: the archive's, or this generation's."""
+        best = self.archive.best("val", version)
+        fresh = [e.score for e in (pending.evaluations if pending else [])
+                 if e.split == "val" and e.stage == "full" and e.weights_version == version]
+        return max([best[1] if best else 0.0, *fresh])
+
+    def _rl_next(self, gen: int, pending: Pending) -> bool:
+        """Whether an RL phase follows this generation: the schedule wants one, and a search
+        generation can still follow it (the last generation, or a phase that would spend the
+        rest of ``evolve.max_calls``, would leave the run ending on weights no search has used;
+        without a program search, ``evolve.children: 0``, there is nothing to end on)."""
+        cfg = self.spec
+        if self.rl is None or not cfg.rl.enabled or not self.schedule.wants_rl(gen, self.steps):
+            return False
+        if cfg.evolve.children == 0:  # RL alone (the headline's rl row): no program to end on
+            return True
+        if gen >= cfg.evolve.generations:
+            self.reporter.log(f"gen {gen}: no RL phase after the last generation: the run ends on "
+                              "the program, searched under the final weights")
+            return False
+        cap = cfg.evolve.max_calls
+        if cap is None:
+            return True
+        need = expected_rl_requests(self.steps, self._first_phase_requests(pending))
+        if self.usage()[0] + need < cap:
+            return True
+        self.reporter.log(f"gen {gen}: no RL phase: about {need} completions would leave no search "
+                          f"generation within evolve.max_calls {cap}; the run ends on the program")
+        return False
+
+    def _first_phase_requests(self, pending: Pending) -> int:
+        """Before any phase has run, what one costs: its rollouts and the re-scoring after it,
+        in episodes, times the completions per episode this generation's search paid."""
+        rl, val = self.spec.rl, len(self.splits["val"])
+        drawn = min(rl.inputs_per_step * rl.oversample, len(self.splits["train"]))
+        episodes = rl.steps * drawn * rl.group_size * rl.elite + self._rescored() * val
+        per_episode = self.steps[-1].requests / max(len(pending.trajectories), 1) or 1.0
+        return round(episodes * per_episode)
+
+    def _rescored(self) -> int:
+        """How many top agents a phase re-scores under its new weights."""
+        return max(self.spec.rl.elite, self.spec.evolve.selection.islands * 2)
 
     async def _evaluate(
         self, gen: int, version: int, children: list[tuple[AgentRecord, AgentGraph]], pending: Pending
@@ -174,9 +242,11 @@ class Search:
         archived as crashed, and a generation the backend left with nothing raises."""
         cfg = self.spec.evolve
         val = self.splits["val"]
-        self.reporter.stage(f"gen {gen}: evaluate {len(children)} children", len(children) * len(val))
+        screen = self._screen(gen)
+        self.reporter.stage(f"gen {gen}: evaluate {len(children)} children",
+                            len(children) * (len(val) + len(screen)))
         results = await asyncio.gather(*(
-            cascade(g, val, self.evaluator, cfg.cascade, on_done=self.reporter.advance)
+            cascade(g, val, self.evaluator, cfg.cascade, self.reporter.advance, screen)
             for _, g in children
         ), return_exceptions=True)
         for res in results:
@@ -196,15 +266,25 @@ class Search:
                 self.reporter.log(f"gen {gen}: {rec.operator} -> {rec.id} crashed: {crashed.reason}")
                 continue
             assert not isinstance(res, BaseException)
-            pending.record(rec.id, "val", "minibatch", res.minibatch)
+            pending.record(rec.id, cfg.cascade.first_stage, "minibatch", res.minibatch)
             if res.full is not None:
                 pending.add_eval(rec.id, "val", "full", res.full)
-                done = {t.input_id for t in res.minibatch.trajectories}
+                done = {t.input_id for t in res.minibatch.trajectories} if not screen else set()
                 pending.trajectories.extend(
                     ("val", t, version) for t in res.full.trajectories if t.input_id not in done
                 )
             score = f"val {res.full.score:.3f}" if res.full else f"minibatch {res.minibatch.score:.3f} (stopped)"
             self.reporter.log(f"gen {gen}: {rec.operator} {rec.parents} -> {rec.id} {score}")
+
+    def _screen(self, gen: int) -> list[Example]:
+        """With ``cascade.first_stage: train``, the generation's screening inputs: a seeded draw
+        from the train split, so over generations the search's episodes cover it."""
+        cfg = self.spec.evolve.cascade
+        if cfg.first_stage != "train":
+            return []
+        train = self.splits["train"]
+        rng = random.Random(request_seed(self.spec.seed, "screen", gen))
+        return rng.sample(list(train), min(cfg.minibatch, len(train)))
 
     async def _learn_insights(self, gen: int, pending: Pending) -> None:
         """ExpeL: update the insight memory from this generation's (success, failure) pairs."""
@@ -235,9 +315,11 @@ class Search:
         self.reporter.search(gen, self.spec.evolve.generations, summary)
         self.reporter.log(f"gen {gen}/{self.spec.evolve.generations} done: {summary} so far")
 
-    async def _rl_phase(self, pending: Pending, gen: int, version: int) -> tuple[tuple[str, dict], int]:
-        """Train on the elite's rollouts, bump the weights version, re-score the top agents."""
+    async def _rl_phase(self, pending: Pending, gen: int, version: int) -> tuple[tuple[str, dict, int], int]:
+        """Train on the elite's rollouts under a new weights version, re-score the top agents,
+        and keep the new weights unless the best agent's val fell beyond the noise."""
         assert self.rl is not None
+        asked = self._requests()
         fresh = {e.agent_id: e.score for e in pending.evaluations if e.split == "val" and e.stage == "full"}
         graphs = {a.id: a.graph for a in pending.agents if a.id in fresh and a.graph is not None}
         children = [Candidate(a, fresh[a], 0, 0, gen, version) for a in graphs]  # not yet committed
@@ -251,7 +333,9 @@ class Search:
         elite = [graph(c) for c in pool[:n]]
         reserve = [graph(c) for c in pool[n : n + self.spec.rl.spread_agents]]
         self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
-        res = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance, reserve)
+        reused = [t for split_, t, v in pending.trajectories if split_ == "train" and v == version
+                  and self.spec.rl.reuse_search]  # this generation's screen, under these weights
+        res = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance, reserve, reused)
         if res.archive:
             pending.trajectories.extend(("train", t, version) for t in res.rollouts)
         path, metrics = res.checkpoint, res.metrics
@@ -263,18 +347,40 @@ class Search:
             f"gen {gen}: RL trained {int(metrics['steps_trained'])}/{self.spec.rl.steps} steps, "
             f"rollout reward {metrics['reward_mean']:.3f}, samples skipped: {skipped}"
         )
-        self._promote(gen, metrics.get("accuracy", 0.0), pending)
-        version += 1
-        await self._serve(version)
-        pending.version = version
-        top = pool[: max(self.spec.rl.elite, self.spec.evolve.selection.islands * 2)]
-        self.reporter.stage(f"gen {gen}: re-evaluate {len(top)} under weights v{version}",
+        new = max([version, *(r["weights_version"] for r in self.archive.checkpoints())]) + 1
+        await self._serve(new)
+        pending.version = new
+        top = pool[: self._rescored()]
+        self.reporter.stage(f"gen {gen}: re-evaluate {len(top)} under weights v{new}",
                             len(top) * len(self.splits["val"]))
         evs = await asyncio.gather(*(self._full(graph(c), self.splits["val"]) for c in top))
         for c, ev in zip(top, evs, strict=True):
             pending.record(c.id, "val", "full", ev)
-            self.reporter.log(f"gen {gen}: {c.id} val {c.score:.3f} (v{c.version}) -> {ev.score:.3f} (v{version})")
-        return (path, metrics), version
+            self.reporter.log(f"gen {gen}: {c.id} val {c.score:.3f} (v{c.version}) -> {ev.score:.3f} (v{new})")
+        verdict = judge(self._outcomes(pool[0].id, version, pending),
+                        {t.input_id: t.reward or 0.0 for t in evs[0].trajectories},
+                        self.spec.rl.rollback_confidence, request_seed(self.spec.seed, "rollback", gen))
+        metrics = {**metrics, "val_change": verdict.change, "val_p_drop": verdict.p_drop}
+        gain = max(ev.score for ev in evs) - pool[0].score
+        if self.spec.rl.rollback and verdict.hurt:
+            metrics["rolled_back"] = True
+            previous = [r["path"] for r in self.archive.checkpoints() if r["weights_version"] == version]
+            self.rl.rollback(previous[0] if previous else None, version)
+            await self.evaluator.sync(self.rl.weights(), version)
+            self.policy.weights_version = pending.version = version
+            self.reporter.log(f"gen {gen}: weights v{new} rolled back ({verdict.describe()}); the "
+                              f"search goes on under v{version}")
+        else:
+            self._promote(gen, metrics.get("accuracy", 0.0), pending)
+            version = new
+        self.steps.append(Step(gen, RL, self._requests() - asked, gain, kept=version == new))
+        return (path, metrics, new), version
+
+    def _outcomes(self, agent_id: str, version: int, pending: Pending) -> dict[str, float]:
+        """{val input: reward} of one agent under ``version``, archived or from this generation."""
+        archived = [(t, version) for t in self.archive.trajectories(agent_id, "val", version)]
+        fresh = [(t, v) for split_, t, v in pending.trajectories if split_ == "val" and t.agent_id == agent_id]
+        return {t.input_id: t.reward or 0.0 for t, v in archived + fresh if v == version}
 
     def _promote(self, gen: int, accuracy: float, pending: Pending) -> None:
         """The curriculum: after a phase this accurate, train one level up (kept in the archive)."""

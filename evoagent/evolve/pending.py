@@ -38,7 +38,7 @@ class Pending:
         self.trajectories.extend((split_, t, ev.weights_version) for t in ev.trajectories)
 
     def write(
-        self, checkpoint: tuple[str, dict] | None = None, usage: tuple[int, int] | None = None
+        self, checkpoint: tuple[str, dict, int] | None = None, usage: tuple[int, int] | None = None
     ) -> GenerationWrite:
         memory = None if self.insights is None else [(i.text, i.votes) for i in self.insights]
         return GenerationWrite(self.generation, self.version, self.agents, self.evaluations,

@@ -113,4 +113,5 @@ def total_usage(backends: Sequence[Backend]) -> Usage:
     for b in {id(b): b for b in backends}.values():
         out.calls += b.usage.calls
         out.tokens += b.usage.tokens
+        out.requests += b.usage.requests
     return out

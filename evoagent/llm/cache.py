@@ -64,7 +64,8 @@ async def through_cache(
 ) -> list[Generation]:
     """Answer ``requests`` from ``cache`` where it can, the rest with one ``fetch`` call, and
     keep what ``fetch`` returns under ``version`` (unless the weights changed meanwhile).
-    ``usage`` counts what ``fetch`` generated."""
+    ``usage`` counts what ``fetch`` generated, and every request."""
+    usage.requests += len(requests)
     out: list[Generation | None] = [
         cache.get(version, r) if cache is not None else None for r in requests
     ]

@@ -66,6 +66,7 @@ class ScriptedBackend:
                 )
             )
         self.usage.add(out)
+        self.usage.requests += len(requests)
         return out
 
     async def aclose(self) -> None:

@@ -66,6 +66,9 @@ class Usage:
 
     calls: int = 0
     tokens: int = 0
+    # completions asked for, cache hits included: the same in a run resumed after a kill (whose
+    # cache starts empty), so what ``rl.schedule`` measures a step's cost in
+    requests: int = 0
 
     def add(self, generations: Sequence[Generation]) -> None:
         self.calls += len(generations)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from evoagent.rl.advantages import AdvantageConfig, known_advantages
 from evoagent.rl.losses import LossConfig, known_aggregations, known_policy_losses
+from evoagent.rl.schedule import known_schedules
 
 RFT = "rft"  # rejection-sampling fine-tuning: not an advantage estimator, see ``algorithm``
 DPO = "dpo"  # preference pairs from the archive: not an advantage estimator either
@@ -45,7 +46,37 @@ class RLConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = Field(False, description="run RL phases at all")
-    every: int = Field(2, ge=1, description="generations between RL phases")
+    every: int = Field(
+        2, ge=1, description="schedule fixed: generations between RL phases; adaptive: "
+        "generations before the first phase",
+    )
+    schedule: str = Field(
+        "fixed", description="when a phase follows a search generation (rl/schedule.py): 'fixed', "
+        "every `every` generations; 'adaptive', when the phases' measured val gain per completion "
+        "(discounted, plus an exploration bonus) beats the search's. Either way a phase is never "
+        "the run's last step: the run ends on a search generation under the final weights",
+    )
+    schedule_discount: float = Field(
+        0.8, gt=0, le=1, description="adaptive: weight of a step one step older (1 = never forget)"
+    )
+    schedule_explore: float = Field(
+        0.25, ge=0, description="adaptive: exploration bonus, in units of the largest gain per "
+        "completion seen; 0 = never retry an arm that lost",
+    )
+    reuse_search: bool = Field(
+        False, description="the phase's first step trains on the episodes the search just paid "
+        "for: this generation's children on its train screen (evolve.cascade.first_stage: train), "
+        "grouped by input across children, under the weights the phase starts from; the fresh "
+        "rollouts of that step are saved",
+    )
+    rollback: bool = Field(
+        True, description="serve the previous weights when a phase lowered the best agent's val "
+        "by more than the noise (paired bootstrap over val inputs); its checkpoint is kept",
+    )
+    rollback_confidence: float = Field(
+        0.9, gt=0.5, lt=1, description="share of bootstrap resamples in which val fell that "
+        "counts as a drop beyond the noise",
+    )
     algorithm: str = Field(
         "grpo",
         description=(
@@ -132,6 +163,20 @@ class RLConfig(BaseModel):
         None, ge=1, description="optimizer steps the linear/cosine schedule decays over "
         "(all RL phases together); required for them"
     )
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, v: str) -> str:
+        if v not in known_schedules():
+            raise ValueError(f"unknown schedule {v!r}; known: {known_schedules()}")
+        return v
+
+    @model_validator(mode="after")
+    def _adaptive_needs_rl(self) -> RLConfig:
+        if self.schedule != "fixed" and not self.enabled and "schedule" in self.model_fields_set:
+            raise ValueError(f"schedule: {self.schedule!r} chooses between search generations and RL "
+                             "phases, but rl.enabled is false; set rl.enabled: true or drop rl.schedule")
+        return self
 
     @field_validator("algorithm", "loss", "loss_agg")
     @classmethod

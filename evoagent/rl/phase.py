@@ -52,6 +52,7 @@ class PhaseResult:
     archive: bool = False
 
 
+START = "start.pt"  # the trainer before any phase: what a rollback to the base weights loads
 History = Callable[[Sequence[str]], list[Trajectory]]  # input ids -> archived train trajectories
 
 
@@ -97,6 +98,7 @@ class RLPhase:
         self.seed = seed
         self.history = history
         self.trainer: Trainer | None = None
+        self._adapters: set[str] = set()  # per node: the adapters that existed before this phase
 
     def _trainer(self) -> Trainer:
         if self.trainer is None:
@@ -106,12 +108,25 @@ class RLPhase:
                 torch.manual_seed(request_seed(self.seed, "lora") % 2**31)
                 model = attach_lora(self.backend.trainable_model(), self.cfg)
             self.trainer = Trainer(model, self.cfg, pad_id=self.backend.pad_id, seed=self.seed)
+            if self.cfg.rollback:  # what a rollback to the base weights returns to
+                self.trainer.save_checkpoint(self.dir / START)
         return self.trainer
 
     def restore(self, path: str, version: int) -> None:
         """Load the checkpoint at ``path`` (relative to the run folder) and serve it as ``version``."""
         trainer = self._trainer()
         trainer.load_checkpoint(self.dir.parent / path)
+        self.backend.sync_weights(trainer.model)
+        self.backend.weights_version = version
+
+    def rollback(self, path: str | None, version: int) -> None:
+        """Serve ``version``'s weights again after a phase that hurt: reload the checkpoint at
+        ``path``, or with None the trainer as it was before its first step (``START``), so the
+        run goes on exactly as a run resumed at ``version`` would. Per node, the adapters the
+        phase created are deleted: the nodes they served go back to the base weights."""
+        trainer = self._trainer()
+        trainer.drop_adapters(self._adapters)
+        trainer.load_checkpoint(self.dir / START if path is None else self.dir.parent / path)
         self.backend.sync_weights(trainer.model)
         self.backend.weights_version = version
 
@@ -122,8 +137,18 @@ class RLPhase:
     async def train(
         self, elite: Sequence[AgentGraph], train: Sequence[Example], generation: int,
         on_step: Callable[[], None] | None = None, reserve: Sequence[AgentGraph] = (),
+        reused: Sequence[Trajectory] = (),
     ) -> PhaseResult:
         """Run ``rl.steps`` on-policy steps and checkpoint.
+
+        ``reused`` (``rl.reuse_search``): the search's episodes on train inputs under the weights
+        this phase starts from. The first step trains on them, grouped by input across the
+        agents that ran it, instead of on fresh rollouts; when they carry no signal it rolls out
+        as usual. Search episodes are decoded at the nodes' temperature (greedy by default), so
+        they are not draws from the policy: their stored logprobs (at temperature 1) make the
+        PPO ratio exactly 1 at this first step, which then trains like a group-relative RFT of
+        the search's decodes (successes up, failures down, the input's mean as baseline), and
+        the truncated importance weight (``tis_cap``) bounds the sampler mismatch.
 
         ``reserve`` (``rl.spread_agents``): other archived agents, rolled out on the inputs
         where the elite's samples all scored the same; on those inputs the group is the input
@@ -136,12 +161,22 @@ class RLPhase:
         if not train:
             raise SpecError("rl.enabled: task.splits.train is 0, so there is nothing to train on")
         trainer = self._trainer()
+        self._adapters = set(getattr(trainer.model, "peft_config", ()))  # before the phase adds any
         per_step: list[dict[str, float]] = []
         rollouts: list[Trajectory] = []
         trained = 0
         curriculum = self.cfg.curriculum.enabled
         archived = self.history([ex.id for ex in train]) if curriculum and self.history else []
-        for step in range(self.cfg.steps):
+        first = 0
+        if reused:
+            row = await self._train_on_search(trainer, reused, train)
+            if row is not None:
+                per_step.append(row)
+                trained, first = 1, 1
+                await asyncio.to_thread(self.backend.sync_weights, trainer.model)
+                if on_step is not None:
+                    on_step()
+        for step in range(first, self.cfg.steps):
             rng = random.Random(request_seed(self.seed, "rl", generation, step))
             drawn = min(self.cfg.inputs_per_step * self.cfg.oversample, len(train))
             if curriculum:  # the inputs the elite solve sometimes come first
@@ -204,6 +239,30 @@ class RLPhase:
         # relative: the run folder may move
         keep = self.cfg.algorithm in (DPO, RFT) or self.cfg.curriculum.enabled
         return PhaseResult(str(path.relative_to(self.dir.parent)), out, rollouts, keep)
+
+    async def _train_on_search(
+        self, trainer: Trainer, reused: Sequence[Trajectory], train: Sequence[Example]
+    ) -> dict[str, float] | None:
+        """Step 0 on the search's own episodes (see ``train``); None when they have no signal.
+        ``requests_saved``: the completions the fresh rollouts of this step would have asked
+        for (inputs x group x elite, at the search episodes' LLM calls per episode)."""
+        usable = [t for t in reused if t.skip is None]
+        group_of: GroupOf = lambda t: (t.input_id,)  # noqa: E731
+        ids = {t.input_id for t in usable}
+        metrics = await self._step(trainer, usable, [], [ex for ex in train if ex.id in ids], group_of)
+        if metrics is None:
+            return None
+        rewards = [t.reward or 0.0 for t in usable]
+        per_episode = sum(len(t.llm_steps) for t in usable) / len(usable)
+        fresh = min(self.cfg.inputs_per_step * self.cfg.oversample, len(train)) * self.cfg.group_size
+        return {
+            "step": 0.0, "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "inputs_with_signal": float(len(_inputs_with_signal(usable, group_of))),
+            "reused_samples": float(len(usable)),
+            "requests_saved": fresh * self.cfg.elite * per_episode,
+            **metrics,
+        }
 
     async def _step(
         self, trainer: Trainer, usable: list[Trajectory], earlier: list[Trajectory],

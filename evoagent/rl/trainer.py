@@ -195,6 +195,20 @@ class Trainer:
         self._params += params
         self.optimizer.param_groups[0]["params"].extend(params)
 
+    def drop_adapters(self, keep: set[str]) -> None:
+        """Per node: delete every adapter not in ``keep`` with its parameters' optimizer state,
+        so a checkpoint saved when only ``keep`` existed loads exactly (a rollback)."""
+        model = self.model
+        if not self.cfg.per_node or not isinstance(model, PeftModel):
+            return
+        for name in [n for n in model.peft_config if n not in keep]:
+            gone = {id(p) for n, p in model.named_parameters() if n.split(".")[-2] == name}
+            model.delete_adapter(name)
+            for p in [p for p in self._params if id(p) in gone]:
+                self.optimizer.state.pop(p, None)
+            self._params = [p for p in self._params if id(p) not in gone]
+            self.optimizer.param_groups[0]["params"] = list(self._params)
+
     def _apply(self, loss: float) -> float:
         """Clip the accumulated gradients and take the optimizer and scheduler step; return the
         gradient norm. A non-finite loss or norm drops the gradients instead (RLError), so the

@@ -215,9 +215,15 @@ class SelectionConfig(_Frozen):
 class CascadeConfig(_Frozen):
     """Cheap minibatch first; the full val split only for children that clear the bar."""
 
-    minibatch: int = Field(8, ge=1, description="val examples in the first stage")
+    minibatch: int = Field(8, ge=1, description="examples in the first stage")
     threshold: float = Field(
         0.0, ge=0, description="child passes if minibatch score > threshold (0 = any success)"
+    )
+    first_stage: Literal["val", "train"] = Field(
+        "val", description="'val': the first minibatch val examples, fixed for the run, reused "
+        "by the full stage; 'train': minibatch train examples drawn anew each generation, so the "
+        "search's own episodes are training data (rl.reuse_search) and val scores only children "
+        "that pass",
     )
 
 

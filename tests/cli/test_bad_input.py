@@ -147,6 +147,12 @@ CASES = [
     Case("curriculum-level-the-generator-rejects", r"rl\.curriculum\.levels\[0\]: .*basic_arithmetic rejected them",
          GOOD + "rl: {enabled: true, curriculum: {levels: [{min_terms: 5, max_terms: 2}]}}\n"),
     Case("unknown-algorithm", r"rl\.algorithm: unknown algorithm 'ppo2'; known: \[", GOOD + "rl: {algorithm: ppo2}\n"),
+    Case("unknown-schedule", r"rl\.schedule: unknown schedule 'bandit'; known: \['adaptive', 'fixed'\]",
+         GOOD + "rl: {schedule: bandit}\n"),
+    Case("adaptive-schedule-without-rl", r"rl: schedule: 'adaptive' chooses between search generations and RL "
+         r"phases, but rl\.enabled is false", GOOD + "rl: {schedule: adaptive}\n"),
+    Case("reuse-search-without-train-screen", r"rl\.reuse_search: trains on the search's episodes on train "
+         r"examples, which only evolve\.cascade\.first_stage: train produces", GOOD + "rl: {reuse_search: true}\n"),
     Case("unknown-loss", r"rl\.loss: unknown loss 'hinge'; known: \[", GOOD + "rl: {loss: hinge}\n"),
     Case("rl-on-untrainable-backend", r"rl\.enabled: policy\.kind 'scripted' cannot be trained.*\['hf', 'openai', 'vllm'\]",
          GOOD + "rl: {enabled: true}\n"),

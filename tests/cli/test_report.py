@@ -27,11 +27,11 @@ task:
 graphs: [{root}/graphs/direct.yaml, {root}/graphs/cot.yaml, {root}/graphs/critique_revise.yaml]
 policy: {{kind: hf, model: {model}, dtype: float32, max_batch: 16}}
 evolve:
-  generations: 4
+  generations: 3
   children: 3
   operators: [{{name: insert_tool, weight: 2}}, {{name: param_search}}, {{name: add_node}}]
   cascade: {{minibatch: 2}}
-rl: {{enabled: true, every: 2, steps: 2, group_size: 2, inputs_per_step: 2, lr: 1.0e-3,
+rl: {{enabled: true, every: 1, steps: 2, group_size: 2, inputs_per_step: 2, lr: 1.0e-3,
       max_completion_tokens: 16, dynamic_sampling: false}}
 """
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -95,6 +95,7 @@ def test_every_section_renders_in_a_browser(report, tmp_path):
         assert traces("rl") >= 3  # reward, accuracy, loss per step
         rl_points = page.evaluate("document.getElementById('rl').data[0].x.length")
         assert rl_points == 4  # two phases of two steps
+        assert page.locator("#schedule tr").count() == 1 + 5  # search, RL, search, RL, search
         assert page.locator(".js-plotly-plot").count() == 4 + len(graphs)
         shot = tmp_path / "report.png"
         page.screenshot(path=str(shot), full_page=True)

@@ -31,12 +31,12 @@ task:
 graphs: [{root}/graphs/direct.yaml, {root}/graphs/cot.yaml]
 policy: {{kind: hf, model: {model}, dtype: float32, max_batch: 16}}
 evolve:
-  generations: 4
+  generations: 3
   children: 2
   operators: [{{name: insert_tool, weight: 2}}, {{name: bootstrap_demos}}, {{name: param_search}},
               {{name: add_node}}]
   cascade: {{minibatch: 3}}
-rl: {{enabled: true, every: 2, steps: 2, group_size: 2, inputs_per_step: 2, lr: 1.0e-3,
+rl: {{enabled: true, every: 1, steps: 2, group_size: 2, inputs_per_step: 2, lr: 1.0e-3,
       max_completion_tokens: 16}}
 """
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,13 +55,12 @@ KILLS = [
     (r'"message": "seed ', 0.0),              # seeds scored, generation 0 about to commit
     (r'"name": "gen 1: evaluate', 0.0),       # children just built (mutation), evaluation starts
     (r'"name": "gen 1: evaluate', 0.3),
+    (r'"name": "gen 1: RL on', 0.0),          # RL rollouts
+    (r'"name": "gen 1: RL on', 0.8),          # RL optimizer step
+    (r'"name": "gen 1: re-evaluate', 0.0),    # checkpoint just written, generation uncommitted
     (r'"name": "gen 2: evaluate', 0.1),
-    (r'"name": "gen 2: RL on', 0.0),          # RL rollouts
-    (r'"name": "gen 2: RL on', 0.8),          # RL optimizer step
-    (r'"name": "gen 2: re-evaluate', 0.0),    # checkpoint just written, generation uncommitted
-    (r'"name": "gen 3: evaluate', 0.1),
-    (r'"name": "gen 4: evaluate', 0.1),
-    (r'"name": "gen 4: RL on', 0.5),
+    (r'"name": "gen 2: RL on', 0.5),
+    (r'"name": "gen 3: evaluate', 0.1),       # the last generation: a search under v2, no phase
     (r'"name": "test: best agent', 0.0),      # the final test evaluation
 ]
 
@@ -160,7 +159,7 @@ def test_sigkill_in_every_phase_then_resume_matches_an_uninterrupted_run(tmp_pat
 def test_ctrl_c_stops_cleanly_says_how_to_resume_and_one_writer_only(tmp_path, tiny_model_dir):
     write_task(tmp_path, tiny_model_dir)
     task = tmp_path / "task.yaml"  # long enough that it is still running when we interrupt it
-    task.write_text(task.read_text().replace("generations: 4", "generations: 40"))
+    task.write_text(task.read_text().replace("generations: 3", "generations: 40"))
     log = tmp_path / "run.log"
     proc = start(tmp_path, "pop", log)
     assert wait_for(proc, log, r'"name": "gen 1: evaluate')

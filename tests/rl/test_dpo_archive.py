@@ -24,7 +24,7 @@ task:
   reward: {{kind: python, ref: "parity_reward:score", extract: raw}}
 graphs: [{root}/graphs/direct.yaml]
 policy: {{kind: hf, model: {model}, dtype: float32, max_batch: 16}}
-evolve: {{generations: 2, children: 1, operators: [{{name: param_search}}], cascade: {{minibatch: 2}}}}
+evolve: {{generations: 3, children: 1, operators: [{{name: param_search}}], cascade: {{minibatch: 2}}}}
 rl: {{enabled: true, every: 1, steps: 1, group_size: 4, inputs_per_step: 2, lr: 1.0e-3,
       max_completion_tokens: 8, algorithm: {algorithm}}}
 """

@@ -149,3 +149,28 @@ def test_a_phase_trains_every_node_of_the_agent_and_the_export_replays_them(tiny
     untrained = asyncio.run(run_once(ArchivedAgent("a0", graph, policy, SandboxConfig(), 0, cfg, 0),
                                      "Calculate 3 + 4."))
     assert [s.text for s in untrained.llm_steps] != [s.text for s in replayed.llm_steps]
+
+
+def test_a_rolled_back_phase_deletes_the_adapters_it_created_and_training_goes_on(tiny_model_dir, tmp_path):
+    """``rl.rollback`` to the base weights: the nodes the phase gave adapters are served the
+    base weights again, and the next phase creates and trains them afresh."""
+    graph = load_graph(ROOT / "graphs" / "critique_revise.yaml")
+    backend = make_backend(BackendConfig(kind="hf", model=str(tiny_model_dir), dtype="float32"))
+    cfg = CFG.model_copy(update={"steps": 1, "group_size": 4, "inputs_per_step": 2, "lr": 5e-2,
+                                 "dynamic_sampling": False, "max_completion_tokens": 16})
+    reward = RewardConfig(kind="python", ref=f"{__name__}:parity", extract="raw", timeout_s=120)
+    rl = RLPhase(cfg, backend, ExecContext(backend, ToolContext(), seed=0), reward, tmp_path, seed=0)
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(2)]
+
+    async def run() -> tuple[set[str], set[str], float]:
+        await rl.train([graph], train, generation=1)
+        trained = set(by_node(rl.weights()))
+        rl.rollback(None, version=0)
+        after = set(by_node(rl.weights()))
+        again = await rl.train([graph], train, generation=2)
+        return trained, after, again.metrics["steps_trained"]
+
+    trained, after, steps = asyncio.run(run())
+    asyncio.run(backend.aclose())
+    assert trained == {"draft", "critique", "revise"} and after == set() and steps == 1
+    assert set(by_node(rl.weights())) == trained

@@ -30,13 +30,13 @@ def phase(backend, tmp_path, **cfg) -> RLPhase:
     cfg = {"dynamic_sampling": False, "steps": 2, **cfg}
     cfg = RLConfig(enabled=True, group_size=4, inputs_per_step=2, lr=5e-2, **cfg)
     ctx = ExecContext(backend, ToolContext(), seed=0)
-    reward = RewardConfig(kind="python", ref=f"{__name__}:parity", extract="raw")
+    # a generous limit: the reward's worker imports this module, slow on a loaded machine
+    reward = RewardConfig(kind="python", ref=f"{__name__}:parity", extract="raw", timeout_s=120)
     return RLPhase(cfg, backend, ctx, reward, tmp_path, seed=0)
 
 
 def logprobs(backend) -> tuple[float, ...]:
-    backend.cache._data.clear()
-    return asyncio.run(backend.generate([REQ]))[0].logprobs
+    return asyncio.run(fresh_logprobs(backend))
 
 
 def test_train_updates_the_served_policy_and_checkpoints(tiny_backend, tmp_path):
@@ -221,3 +221,66 @@ def test_reserve_agents_give_a_gradient_where_the_elite_all_agree(tiny_backend, 
     assert spread.metrics["inputs_spread_by_reserve"] == 2  # both inputs of the step
     assert spread.metrics["steps_trained"] == 1
     assert {t.agent_id for t in spread.rollouts} == {always.id, GRAPH.id}
+
+
+def test_a_rollback_serves_the_weights_before_the_phase_and_trains_on_from_them(tiny_backend, tmp_path):
+    """``rl.rollback``: to the base weights (no path) or to an earlier checkpoint; the next
+    phase then trains exactly as a run resumed at that version would."""
+    backend = tiny_backend(cache=True)
+    base = logprobs(backend)
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
+    rl = phase(backend, tmp_path)
+    served: dict[str, tuple[float, ...]] = {}
+
+    async def run() -> None:  # one event loop, as in a run: the reward's worker pool is bound to it
+        first = (await rl.train([GRAPH], train, generation=1)).checkpoint
+        served["v1"] = await fresh_logprobs(backend)
+        await rl.train([GRAPH], train, generation=2)
+        served["v2"] = await fresh_logprobs(backend)
+        rl.rollback(first, version=1)
+        served["back to v1"] = await fresh_logprobs(backend)
+        rl.rollback(None, version=0)
+        served["back to v0"] = await fresh_logprobs(backend)
+        await rl.train([GRAPH], train, generation=3)
+
+    asyncio.run(run())
+    assert served["v2"] != served["v1"] == served["back to v1"]
+    assert served["back to v0"] == base and backend.weights_version == 0
+    fresh = tiny_backend(cache=True)  # a run resumed at v0 starts its trainer afresh
+    asyncio.run(phase(fresh, tmp_path / "fresh").train([GRAPH], train, generation=3))
+    assert logprobs(fresh) == logprobs(backend)
+
+
+async def fresh_logprobs(backend) -> tuple[float, ...]:
+    backend.cache._data.clear()
+    return (await backend.generate([REQ]))[0].logprobs
+
+
+def test_reusing_the_searchs_episodes_saves_one_steps_rollouts(tiny_backend, tmp_path):
+    """``rl.reuse_search``: the first step trains on episodes the search already paid for;
+    the phase asks the model for one step's rollouts fewer, and says how many it saved."""
+    from evoagent.execute.evaluate import rollout
+
+    train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
+
+    def run(reuse: bool) -> tuple[int, object]:
+        backend = tiny_backend()
+        rl = phase(backend, tmp_path / str(reuse))
+
+        async def go():
+            # what the search's screen left: 3 agents' episodes on 2 train inputs (sampled here,
+            # so that the input's episodes differ)
+            search = await rollout([(GRAPH, ex, k) for ex in train[:2] for k in range(3)], rl.ctx, rl.reward)
+            asked = backend.usage.requests
+            res = await rl.train([GRAPH], train, generation=1, reused=search if reuse else ())
+            return backend.usage.requests - asked, res
+
+        return asyncio.run(go())
+
+    plain_asked, plain = run(False)
+    asked, res = run(True)
+    assert plain_asked == 2 * 2 * 4 and len(plain.rollouts) == 16  # steps x inputs x group
+    assert asked == 1 * 2 * 4 and len(res.rollouts) == 8  # the first step asked for nothing
+    first = res.metrics["per_step"][0]
+    assert first["reused_samples"] == 6 and first["requests_saved"] == 8
+    assert res.metrics["steps_trained"] == 2 and "loss" in first

@@ -1,0 +1,144 @@
+"""Cells: a long benchmark as many small, independently kept runs.
+
+A cell is one (task, row, seed) run. Each finished cell is its own results file,
+``<folder>/<task>/<row>-s<seed>.json``, holding what the run returned plus the command, the
+commit it ran at (and whether evoagent/ or bench/ had uncommitted changes there) and its wall
+time. A campaign that is killed, or whose machine is lent to other work, is started again and
+runs only the missing cells. A campaign runs from a ``git worktree`` at one fixed commit, so
+work on main cannot change the code under it, while its cells are written into main's results
+folder (``--results``) and committed as they finish.
+
+The summary built from the cells names that commit; a cell from any other commit is reported
+as such (``plan``) and never mixed into a summary (``gather``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    task: str
+    row: str
+    seed: int
+
+    def path(self, folder: Path) -> Path:
+        return folder / self.task / f"{self.row}-s{self.seed}.json"
+
+    def __str__(self) -> str:
+        return f"{self.task}/{self.row}-s{self.seed}"
+
+
+def grid(tasks: Iterable[str], rows: Iterable[str], seeds: Iterable[int]) -> list[Cell]:
+    """Every (task, row, seed), in the order a campaign runs them: seed by seed, so the first
+    complete seed of every row comes early."""
+    rows, tasks = list(rows), list(tasks)
+    return [Cell(t, r, s) for s in seeds for t in tasks for r in rows]
+
+
+def commit(root: Path = ROOT) -> tuple[str, bool]:
+    """The commit the code at ``root`` is at, and whether evoagent/ or bench/ differ from it."""
+    head = _git(root, "rev-parse", "HEAD")
+    dirty = bool(_git(root, "status", "--porcelain", "--", "evoagent", "bench", "examples", "graphs"))
+    return head, dirty
+
+
+def drift(since: str, root: Path = ROOT) -> str:
+    """``git diff --stat`` of evoagent/ from ``since`` to the checkout's HEAD: what changed in
+    the library since a campaign's commit ('' when nothing did)."""
+    return _git(root, "diff", "--stat", since, "HEAD", "--", "evoagent")
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def write(folder: Path, cell: Cell, result: dict[str, Any], command: str, seconds: float) -> Path:
+    """Keep a finished cell (atomically: a kill leaves the old state, never half a file)."""
+    head, dirty = commit()
+    data = {"cell": {"task": cell.task, "row": cell.row, "seed": cell.seed}, "command": command,
+            "commit": head, "dirty": dirty, "wall_s": round(seconds, 1), **result}
+    dest = cell.path(folder)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, dest)
+    return dest
+
+
+def read(folder: Path, cell: Cell) -> dict[str, Any] | None:
+    path = cell.path(folder)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+@dataclass
+class Plan:
+    """Where a campaign stands: its cells done at the campaign's commit, those done at another
+    commit (shown, never summarized), and those missing, with an estimate of the hours left."""
+
+    done: list[Cell]
+    other: dict[Cell, str]  # cell -> the commit it ran at
+    missing: list[Cell]
+    hours_left: float
+
+    def describe(self) -> str:
+        lines = [f"{len(self.done)} done, {len(self.missing)} missing, {len(self.other)} from "
+                 f"another commit; about {self.hours_left:.1f} h of CPU left"]
+        lines += [f"  missing  {c}" for c in self.missing]
+        lines += [f"  other    {c} (ran at {sha[:10]})" for c, sha in self.other.items()]
+        return "\n".join(lines)
+
+
+def plan(folder: Path, cells: Sequence[Cell], at: str | None, guess_s: Callable[[Cell], float]) -> Plan:
+    """Sort ``cells`` into done (at commit ``at``; any commit when None), from another commit,
+    and missing. The hours left are the mean wall time of the done cells of the same row, or
+    ``guess_s(cell)`` for a row with none done yet."""
+    done, other, missing = [], {}, []
+    for c in cells:
+        data = read(folder, c)
+        if data is None:
+            missing.append(c)
+        elif at is not None and data["commit"] != at:
+            other[c] = data["commit"]
+            missing.append(c)
+        else:
+            done.append(c)
+    walls: dict[str, list[float]] = {}
+    for c in done:
+        walls.setdefault(c.row, []).append(float(read(folder, c)["wall_s"]))  # type: ignore[index]
+    seconds = sum(sum(walls[c.row]) / len(walls[c.row]) if c.row in walls else guess_s(c) for c in missing)
+    return Plan(done, other, missing, seconds / 3600)
+
+
+def gather(folder: Path, cells: Sequence[Cell], at: str) -> dict[Cell, dict[str, Any]]:
+    """Every cell's result, all from commit ``at``; refuses a missing cell or one from another
+    commit (``SystemExit`` naming it), so a summary never mixes code silently."""
+    out = {}
+    for c in cells:
+        data = read(folder, c)
+        if data is None:
+            raise SystemExit(f"cell {c} is missing: run the campaign to the end first")
+        if data["commit"] != at or data.get("dirty"):
+            state = "with uncommitted changes" if data.get("dirty") else f"at {data['commit'][:10]}"
+            raise SystemExit(f"cell {c} ran {state}, not at the campaign's commit {at[:10]}: "
+                             "run it again (delete its file) or name its commit")
+        out[c] = data
+    return out
+
+
+def campaign_commit(folder: Path, cells: Sequence[Cell]) -> str | None:
+    """The commit most of the done cells ran at: the campaign's, unless ``--commit`` says."""
+    seen: dict[str, int] = {}
+    for c in cells:
+        if (data := read(folder, c)) is not None:
+            seen[data["commit"]] = seen.get(data["commit"], 0) + 1
+    return max(seen, key=lambda k: seen[k]) if seen else None

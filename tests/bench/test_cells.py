@@ -1,0 +1,78 @@
+"""bench/cells.py: a campaign kept cell by cell resumes with only its missing cells, marks a
+cell from another commit and never summarizes it; bench/schedule.py's summary on synthetic
+cells with a known answer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import cells  # noqa: E402
+import schedule  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def clean_commit(monkeypatch):
+    """Cells as a clean checkout at one commit writes them (this test may run in a dirty one)."""
+    monkeypatch.setattr(cells, "commit", lambda root=ROOT: ("f" * 40, False))
+
+
+def finish(folder: Path, cell: cells.Cell, per_input: dict[str, float], wall: float = 60.0) -> None:
+    cells.write(folder, cell, {"per_input": per_input, "calls": 100}, "python bench/x.py", wall)
+
+
+def test_a_resumed_campaign_runs_only_its_missing_cells_and_marks_another_commits(tmp_path):
+    grid = cells.grid(["gcd", "sums"], ["evolve", "fixed"], [0, 1])
+    head, _ = cells.commit()
+    for c in grid[:3]:
+        finish(tmp_path, c, {"a": 1.0}, wall=120.0)
+    other = grid[3]
+    finish(tmp_path, other, {"a": 0.0})
+    data = json.loads(other.path(tmp_path).read_text()) | {"commit": "0" * 40}
+    other.path(tmp_path).write_text(json.dumps(data))
+
+    plan = cells.plan(tmp_path, grid, head, lambda c: 3600.0)
+    assert plan.done == grid[:3] and plan.other == {other: "0" * 40}
+    assert plan.missing == grid[3:]  # the other commit's cell runs again, with the never-run ones
+    # hours left: a row with done cells costs their mean wall time, one without the guess
+    guess = sum(120.0 if c.row in {d.row for d in plan.done} else 3600.0 for c in plan.missing)
+    assert plan.hours_left == pytest.approx(guess / 3600)
+    assert "other    sums/fixed-s0 (ran at 0000000000)" in plan.describe()
+    with pytest.raises(SystemExit, match="cell sums/fixed-s0 ran at 0000000000, not at the campaign's commit"):
+        cells.gather(tmp_path, grid[:4], head)
+    with pytest.raises(SystemExit, match="cell gcd/evolve-s1 is missing"):
+        cells.gather(tmp_path, cells.grid(["gcd"], ["evolve"], [0, 1]), head)
+    assert set(cells.gather(tmp_path, grid[:3], head)) == set(grid[:3])
+
+
+def test_a_cell_file_is_written_whole_with_its_commit(tmp_path):
+    cell = cells.Cell("gcd", "adaptive", 2)
+    finish(tmp_path, cell, {"q1": 1.0})
+    data = json.loads((tmp_path / "gcd" / "adaptive-s2.json").read_text())
+    assert data["commit"] == "f" * 40 and not data["dirty"] and data["cell"] == {"task": "gcd", "row": "adaptive", "seed": 2}
+    assert data["command"] == "python bench/x.py" and data["per_input"] == {"q1": 1.0}
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_the_schedule_summary_finds_a_known_difference(tmp_path, monkeypatch):
+    """Adaptive right on every input, fixed on half, evolve on none: the CIs say so, and the
+    default follows the rule (better on a task, worse on none)."""
+    grid = schedule.campaign(["gcd"], [0, 1, 2])
+    ids = [f"q{i}" for i in range(64)]
+    for c in grid:
+        score = {"adaptive": lambda i: 1.0, "fixed": lambda i: float(i % 2), "evolve": lambda i: 0.0}[c.row]
+        finish(tmp_path, c, {q: score(i) for i, q in enumerate(ids)})
+    monkeypatch.setattr(cells, "drift", lambda since, root=ROOT: "")
+    figures = schedule.summarize(tmp_path, grid, "f" * 40)
+    gcd = figures["tasks"]["gcd"]
+    assert gcd["rows"]["adaptive"]["test"] == 1.0 and gcd["rows"]["fixed"]["test"] == 0.5
+    lo, hi = gcd["adaptive_minus_fixed"]
+    assert 0.3 < lo <= 0.5 <= hi < 0.7
+    assert figures["default_should_be"] == "adaptive" and figures["adaptive_better_on"] == ["gcd"]
+    assert "| gcd | adaptive - fixed | | [+" in schedule.markdown(figures)
