@@ -1,0 +1,45 @@
+"""bench/split_screen.py's overlap figures on synthetic per-input outcomes with a known answer,
+and every candidate's task as it writes it passes the spec check (the splits fit its data)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import cells  # noqa: E402
+import split_screen  # noqa: E402
+
+
+def test_fixes_overlap_and_what_joint_could_add():
+    ids = [f"q{i}" for i in range(10)]
+    seed = {i: 1.0 if i in ("q0", "q1") else 0.0 for i in ids}
+    evolve = {i: 1.0 if i in ("q0", "q2", "q3", "q4") else 0.0 for i in ids}  # fixes q2-q4, breaks q1
+    rl = {i: 1.0 if i in ("q0", "q1", "q4", "q5") else 0.0 for i in ids}  # fixes q4, q5
+    key = "gcd-L0"
+    got = {cells.Cell(key, row, split_screen.SEED): {"per_input": v, "calls": 10}
+           for row, v in (("seed", seed), ("evolve", evolve), ("rl", rl))}
+    figures = split_screen.summarize(got, {"gcd": key})
+    t = figures["tasks"]["gcd"]
+    assert (t["seed"], t["evolve"], t["rl"]) == (0.2, 0.4, 0.4)
+    assert (t["evolve_fixes"], t["rl_fixes"], t["both_fix"]) == (3, 2, 1)
+    assert t["union_minus_max"] == 1 and t["union_minus_max_share"] == 0.1  # {q2..q5} minus 3
+    assert figures["chosen"] == ["gcd"] and "| gcd | 0 | 0.200 | 0.400 | 0.400 | 3 | 2 | 1 | 1 |" in split_screen.markdown(figures)
+
+
+@pytest.mark.parametrize("candidate", sorted(split_screen.CANDIDATES))
+def test_every_candidate_level_is_a_valid_task(candidate, tmp_path):
+    from evoagent.check import check_spec
+    from evoagent.spec import load_spec
+
+    assert len(split_screen.CANDIDATES) >= 8
+    for level in range(len(split_screen.CANDIDATES[candidate][2])):
+        for row in ("seed", "evolve", "rl"):
+            spec = load_spec(split_screen.write_task(candidate, level, row, tmp_path / f"{level}{row}"))
+            check_spec(spec)
+            assert spec.task.splits.test == split_screen.SCREEN and spec.seed == split_screen.SEED
+            assert (spec.evolve.children == 0) == (row == "rl") and spec.rl.enabled == (row == "rl")
