@@ -103,6 +103,7 @@ def plan(folder: Path, cells: Sequence[Cell], at: str | None, guess_s: Callable[
     and missing. The hours left are the mean wall time of the done cells of the same row, or
     ``guess_s(cell)`` for a row with none done yet."""
     done, other, missing = [], {}, []
+    walls: dict[str, list[float]] = {}
     for c in cells:
         data = read(folder, c)
         if data is None:
@@ -112,9 +113,7 @@ def plan(folder: Path, cells: Sequence[Cell], at: str | None, guess_s: Callable[
             missing.append(c)
         else:
             done.append(c)
-    walls: dict[str, list[float]] = {}
-    for c in done:
-        walls.setdefault(c.row, []).append(float(read(folder, c)["wall_s"]))  # type: ignore[index]
+            walls.setdefault(c.row, []).append(float(data["wall_s"]))
     seconds = sum(sum(walls[c.row]) / len(walls[c.row]) if c.row in walls else guess_s(c) for c in missing)
     return Plan(done, other, missing, seconds / 3600)
 

@@ -32,7 +32,6 @@ worse (CI below 0) on none; the summary says which holds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -77,15 +76,15 @@ def run_cell(task: str, arm: str, seed: int, budget: int) -> dict[str, Any]:
     from headline import run_search
 
     from evoagent.archive.store import Archive
+    from evoagent.archive.views import rl_phases
     from evoagent.rl.schedule import recorded
     
     spec = spec_for(task, arm, seed, budget, WORK / Path(task).parent.name)
     out = run_search(spec)
     with Archive(spec.run_dir, write=False) as a:
         steps = recorded(a)
-        phases = [{k: p[k] for k in ("weights_version", "generation") if k in p}
-                  | {"rolled_back": bool(p.get("rolled_back"))}
-                  for p in (dict(r) | json.loads(r["metrics_json"]) for r in a.checkpoints())]
+        phases = [{"weights_version": p["weights_version"], "generation": p["generation"],
+                   "rolled_back": bool(p.get("rolled_back"))} for p in rl_phases(a)]
     return out | {
         "budget": budget,
         "steps": [s.to_json() for s in steps],

@@ -138,11 +138,11 @@ def summarize(got: dict[cells.Cell, dict[str, Any]], chosen: dict[str, str]) -> 
     tasks = {}
     for candidate, key in chosen.items():
         seed, evolve, rl = (got[cells.Cell(key, row, SEED)]["per_input"] for row in ("seed", "evolve", "rl"))
-        n = len(seed)
+        n, level = len(seed), int(key.rsplit("-L", 1)[1])
         fe, fr = fixes(seed, evolve), fixes(seed, rl)
         union, best = len(fe | fr), max(len(fe), len(fr))
         tasks[candidate] = {
-            "level": int(key.rsplit("-L", 1)[1]), "options": CANDIDATES[candidate][2][int(key.rsplit("-L", 1)[1])],
+            "level": level, "options": CANDIDATES[candidate][2][level],
             "inputs": n,
             "seed": round(sum(seed.values()) / n, 3), "evolve": round(sum(evolve.values()) / n, 3),
             "rl": round(sum(rl.values()) / n, 3),
