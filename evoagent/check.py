@@ -23,7 +23,7 @@ from evoagent.llm.factory import TrainingNeeds, backend_entry, known_backends
 from evoagent.rl.curriculum import train_at
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.code import testable
-from evoagent.tasks.datasets import Example, import_ref, known_datasets, load_examples, split
+from evoagent.tasks.datasets import Example, import_ref, known_datasets, task_data
 from evoagent.tasks.envs import known_environments, make_episode
 from evoagent.tasks.extract import get_extractor
 from evoagent.tasks.rewards import get_reward
@@ -86,8 +86,7 @@ def check_spec(spec: RunSpec) -> None:
         )
     # Generators and files are cheap next to a model load: build the splits once here, so a
     # dataset that is too small or malformed fails now, not after the model has loaded.
-    examples = load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir))
-    split(examples, spec.task.splits, spec.seed)
+    examples, _ = task_data(spec.task, spec.seed, Path(spec.base_dir))
     if spec.task.reward.kind == "unit_tests" and (bare := [e for e in examples if not testable(e)]):
         raise SpecError(
             f"task.reward.kind: unit_tests runs each example's tests, but {len(bare)} of the "

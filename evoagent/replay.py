@@ -30,7 +30,7 @@ from evoagent.llm.factory import make_backend
 from evoagent.rl.config import RLConfig
 from evoagent.rl.policy import by_node, load_trained, lora_config
 from evoagent.spec.config import BackendConfig, RunSpec, TaskConfig
-from evoagent.tasks.datasets import Example, load_examples
+from evoagent.tasks.datasets import Example, data_seed, load_examples
 from evoagent.tools import SandboxConfig, ToolContext
 
 ADAPTER_DIR = "adapter"
@@ -88,7 +88,7 @@ def replay_example(agent: ArchivedAgent, text: str) -> Example:
     ``text`` itself as a new input when no example has that id or the data cannot be loaded."""
     if agent.task is not None:
         try:
-            found = [ex for ex in load_examples(agent.task.dataset, agent.seed, agent.base_dir)
+            found = [ex for ex in load_examples(agent.task.dataset, data_seed(agent.task, agent.seed), agent.base_dir)
                      if ex.id == text]
         except EvoagentError:  # the task's data moved: the text is still a valid input
             found = []

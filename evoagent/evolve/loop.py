@@ -53,7 +53,7 @@ from evoagent.rl.schedule import (
     recorded,
 )
 from evoagent.spec.config import RunSpec
-from evoagent.tasks.datasets import Example, load_examples, split
+from evoagent.tasks.datasets import Example, task_data
 from evoagent.tools import ToolContext
 
 
@@ -79,8 +79,7 @@ class Search:
         self.archive = archive
         self.reporter = reporter or NullReporter()
         self.rl = rl
-        examples = load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir))
-        self.splits = split(examples, spec.task.splits, spec.seed)
+        examples, self.splits = task_data(spec.task, spec.seed, Path(spec.base_dir))
         self.by_id = {e.id: e for e in examples}
         self.ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed,
                                concurrency=spec.concurrency, node_adapters=spec.rl.per_node)

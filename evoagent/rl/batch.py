@@ -29,6 +29,7 @@ from evoagent.errors import RLError
 from evoagent.execute.trajectory import LLMStep, Trajectory
 from evoagent.rl.advantages import AdvantageInput, get_advantage, zero_variance_groups
 from evoagent.rl.config import RFT, RLConfig
+from evoagent.rl.shaping import overlong_penalty
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,8 @@ def episode_advantages(
     joins its group's baseline (through a placeholder step with a private anchor) but yields no
     rows. With ``cfg.dynamic_sampling`` a group is dropped when its returns are all equal and all
     of its step advantages are 0 (DAPO; for episode-level estimators the second half follows from
-    the first, for GiGPO it keeps groups whose step level still has signal).
+    the first, for GiGPO it keeps groups whose step level still has signal). With
+    ``cfg.overlong`` each episode's reward first gets DAPO's overlong penalty (``rl.shaping``).
 
     ``cfg.algorithm == "rft"``: per group, the ``rft_top_k`` episodes with the highest reward > 0
     (earlier first on ties) keep all their steps, each with advantage 1.0; no estimator runs.
@@ -221,6 +223,8 @@ def episode_advantages(
     if cfg.algorithm == RFT:
         return _rft(trajectories, group_of, cfg.rft_top_k)
     rewards = [float(t.reward) for t in trajectories if t.reward is not None]  # (E,)
+    if cfg.overlong is not None:
+        rewards = [r + overlong_penalty(t.completion_tokens, cfg.overlong) for r, t in zip(rewards, trajectories)]
 
     group_ids: dict[Hashable, int] = {}
     anchor_ids: dict[str, int] = {}

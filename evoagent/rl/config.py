@@ -40,6 +40,25 @@ class CurriculumConfig(BaseModel):
     promote_at: float = Field(0.6, ge=0, le=1, description="rollout accuracy that moves the train split up a level")
 
 
+class OverlongConfig(BaseModel):
+    """DAPO's soft overlong punishment (rl/shaping.py): the reward RL trains on loses up to 1
+    as an episode's completion tokens enter the last ``buffer`` before ``max_tokens``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(ge=1, description="completion tokens of an episode (all its llm steps) "
+                            "beyond which the whole penalty of 1 applies")
+    buffer: int = Field(ge=1, description="the last tokens before max_tokens over which the "
+                        "penalty rises linearly from 0 to 1")
+
+    @model_validator(mode="after")
+    def _buffer_fits(self) -> OverlongConfig:
+        if self.buffer > self.max_tokens:
+            raise ValueError(f"buffer: {self.buffer} is larger than max_tokens {self.max_tokens}; "
+                             "the penalty starts max_tokens - buffer tokens in")
+        return self
+
+
 class RLConfig(BaseModel):
     """When and how the evolving agents' own trajectories fine-tune the policy model."""
 
@@ -151,6 +170,10 @@ class RLConfig(BaseModel):
     )
     elite: int = Field(1, ge=1, description="top agents whose trajectories are trained on")
     curriculum: CurriculumConfig = CurriculumConfig()
+    overlong: OverlongConfig | None = Field(
+        None, description="DAPO's soft overlong punishment on the reward RL trains on (never on "
+        "scoring): {max_tokens, buffer}; none = off",
+    )
     dpo_beta: float = Field(0.1, gt=0, description="dpo: inverse temperature beta of the DPO loss")
     dpo_pairs: int = Field(
         2, ge=1, description="dpo: most (better, worse) pairs per input and step"
@@ -229,6 +252,13 @@ class RLConfig(BaseModel):
                 "algorithm dpo needs the base model as reference, which only LoRA keeps "
                 "(disable the adapter); set full_finetune: false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_needs_advantages(self) -> RLConfig:
+        if self.overlong is not None and self.algorithm in (RFT, DPO):
+            raise ValueError(f"overlong shapes the reward an advantage estimator sees; {self.algorithm} "
+                             "keeps or pairs episodes by the task's own reward: drop rl.overlong")
         return self
 
     @property

@@ -127,6 +127,17 @@ class SplitsConfig(_Frozen):
     train: int = Field(64, ge=0, description="examples the RL phase trains on (0: no RL)")
     val: int = Field(32, ge=1, description="examples every candidate is scored on (selection)")
     test: int = Field(64, ge=0, description="held out; only the final best agent is scored on them, once")
+    test_seed: int | None = Field(
+        None, description="cut the test split from its own shuffle by this seed (a generator "
+        "draws its examples with it too), then train and val from the run seed's shuffle of the "
+        "rest: every run seed is tested on the same inputs, with its own train and val; none = "
+        "one shuffle by the run seed",
+    )
+    exclude: str | None = Field(
+        None, description="a JSON-lines file (relative to the task file) of questions no split "
+        "may use, one {\"input\" | \"question\": ...} per line: those a screen or a prompt "
+        "author already saw",
+    )
 
 
 class RewardConfig(_Frozen):

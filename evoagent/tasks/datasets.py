@@ -19,7 +19,7 @@ from typing import Any
 
 from evoagent.errors import SpecError
 from evoagent.registry import Registry
-from evoagent.spec.config import DatasetConfig, SplitsConfig
+from evoagent.spec.config import DatasetConfig, SplitsConfig, TaskConfig
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,53 @@ def load_examples(cfg: DatasetConfig, seed: int, base_dir: Path) -> list[Example
     return examples
 
 
+def data_seed(task: TaskConfig, run_seed: int) -> int:
+    """The seed the dataset is drawn with: ``splits.test_seed`` when the test split is fixed
+    across run seeds (so is the pool it is cut from), else the run seed."""
+    return run_seed if task.splits.test_seed is None else task.splits.test_seed
+
+
+def task_data(task: TaskConfig, run_seed: int, base_dir: Path) -> tuple[list[Example], dict[str, list[Example]]]:
+    """Every example of the task's dataset and its splits, without the questions of
+    ``splits.exclude``."""
+    examples = load_examples(task.dataset, data_seed(task, run_seed), base_dir)
+    if task.splits.exclude is None:
+        return examples, split(examples, task.splits, run_seed)
+    seen = excluded_questions(task.splits.exclude, base_dir)
+    return examples, split([e for e in examples if e.input not in seen], task.splits, run_seed)
+
+
+def excluded_questions(path: str, base_dir: Path) -> set[str]:
+    """The questions of a ``splits.exclude`` file (``input`` or ``question`` of each line)."""
+    f = Path(path) if Path(path).is_absolute() else base_dir / path
+    if not f.is_file():
+        raise SpecError(f"task.splits.exclude: {f} does not exist")
+    out = set()
+    for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"task.splits.exclude: {f}:{n}: invalid JSON: {e.msg}") from None
+        text = row.get("input", row.get("question")) if isinstance(row, dict) else None
+        if not isinstance(text, str):
+            raise SpecError(f"task.splits.exclude: {f}:{n}: needs an 'input' or 'question' string")
+        out.add(text)
+    return out
+
+
 def split(examples: list[Example], cfg: SplitsConfig, seed: int) -> dict[str, list[Example]]:
     """Disjoint train/val/test parts of a seeded shuffle, disjoint by question too: a generator
     with a small problem space (two one-digit terms and + or -: 200 questions) repeats inputs,
     and a test question that was also trained on would measure memory, not skill. Repeats after
     the first are dropped (a dataset without repeats splits exactly as a plain shuffle would).
     An environment's episodes are told apart by their seed too: it may drive the environment
-    beyond the first observation (a slippery lake, a shuffled deck)."""
+    beyond the first observation (a slippery lake, a shuffled deck). With ``cfg.test_seed`` the
+    test part comes first from that seed's shuffle, and val and train from ``seed``'s shuffle
+    of the rest: the same test set under every run seed."""
     order = list(examples)
-    random.Random(seed).shuffle(order)
+    random.Random(seed if cfg.test_seed is None else cfg.test_seed).shuffle(order)
     first: dict[tuple[str, Any], Example] = {}
     for e in order:
         first.setdefault((e.input, e.meta.get("seed")), e)
@@ -67,11 +105,15 @@ def split(examples: list[Example], cfg: SplitsConfig, seed: int) -> dict[str, li
             f"questions ({len(examples)} examples): lower the splits, or raise task.dataset.size "
             "or the generator's difficulty"
         )
-    return {
-        "val": distinct[: cfg.val],
-        "test": distinct[cfg.val : cfg.val + cfg.test],
-        "train": distinct[cfg.val + cfg.test : need],
-    }
+    if cfg.test_seed is None:
+        return {
+            "val": distinct[: cfg.val],
+            "test": distinct[cfg.val : cfg.val + cfg.test],
+            "train": distinct[cfg.val + cfg.test : need],
+        }
+    test, rest = distinct[: cfg.test], distinct[cfg.test :]
+    random.Random(seed).shuffle(rest)
+    return {"val": rest[: cfg.val], "test": test, "train": rest[cfg.val : cfg.val + cfg.train]}
 
 
 def import_ref(ref: str, field_path: str) -> Any:

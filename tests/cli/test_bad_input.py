@@ -153,6 +153,8 @@ CASES = [
          r"phases, but rl\.enabled is false", GOOD + "rl: {schedule: adaptive}\n"),
     Case("reuse-search-without-train-screen", r"rl\.reuse_search: trains on the search's episodes on train "
          r"examples, which only evolve\.cascade\.first_stage: train produces", GOOD + "rl: {reuse_search: true}\n"),
+    Case("overlong-buffer-over-max-tokens", r"rl\.overlong: buffer: 30 is larger than max_tokens 20",
+         GOOD + "rl: {overlong: {max_tokens: 20, buffer: 30}}\n"),
     Case("unknown-loss", r"rl\.loss: unknown loss 'hinge'; known: \[", GOOD + "rl: {loss: hinge}\n"),
     Case("rl-on-untrainable-backend", r"rl\.enabled: policy\.kind 'scripted' cannot be trained.*\['hf', 'openai', 'vllm'\]",
          GOOD + "rl: {enabled: true}\n"),

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
 import pytest
 
 from evoagent.errors import SpecError
-from evoagent.spec.config import DatasetConfig, RewardConfig, SplitsConfig
+from evoagent.spec.config import DatasetConfig, RewardConfig, SplitsConfig, TaskConfig
 from evoagent.tasks import Example, get_extractor, load_examples, score, split
+from evoagent.tasks.datasets import task_data
 
 
 def rg_examples(size: int = 30, seed: int = 0) -> list[Example]:
@@ -51,6 +53,48 @@ def test_a_repeated_question_lands_in_one_split_only():
     boards = [Example(f"lake-{s}", "the same first board", "", {"seed": s}) for s in (1, 2)]
     parts = split(boards, SplitsConfig(train=0, val=1, test=1), 0)  # episodes differ by seed
     assert {e.id for part in parts.values() for e in part} == {"lake-1", "lake-2"}
+
+
+def chain_task(**splits) -> TaskConfig:
+    data = DatasetConfig(kind="reasoning_gym", name="chain_sum", size=400,
+                         options={"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1})
+    return TaskConfig(description="sums", dataset=data, splits=SplitsConfig(**splits))
+
+
+def test_a_test_seed_keeps_one_test_set_across_run_seeds_and_redraws_train_and_val():
+    task = chain_task(train=40, val=20, test=50, test_seed=7)
+    runs = [task_data(task, seed, Path("."))[1] for seed in (0, 1, 2)]
+    tests = [[e.input for e in r["test"]] for r in runs]
+    assert tests[0] == tests[1] == tests[2]  # the same inputs, in the same order
+    assert len({tuple(e.input for e in r["val"]) for r in runs}) == 3
+    for r in runs:
+        questions = [e.input for part in r.values() for e in part]
+        assert len(questions) == len(set(questions)) == 110  # disjoint by question
+    plain = [task_data(chain_task(train=40, val=20, test=50), seed, Path("."))[1] for seed in (0, 1)]
+    assert [e.input for e in plain[0]["test"]] != [e.input for e in plain[1]["test"]]
+
+
+def test_excluded_questions_are_in_no_split(tmp_path):
+    task = chain_task(train=40, val=20, test=50)
+    before = task_data(task, 0, tmp_path)[1]
+    seen = [e.input for e in before["test"][:10]] + [e.input for e in before["val"][:5]]
+    lines = [json.dumps({"question": q}) for q in seen[:8]] + [json.dumps({"input": q}) for q in seen[8:]]
+    (tmp_path / "screened.jsonl").write_text("\n".join(lines) + "\n")
+    after = task_data(chain_task(train=40, val=20, test=50, exclude="screened.jsonl"), 0, tmp_path)[1]
+    used = {e.input for part in after.values() for e in part}
+    assert not used & set(seen) and len(used) == 110
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (None, r"task\.splits\.exclude: .*missing\.jsonl does not exist"),
+    ("{\"question\": \"ok\"}\nnot json\n", r"task\.splits\.exclude: .*:2: invalid JSON"),
+    ("{\"answer\": \"3\"}\n", r"task\.splits\.exclude: .*:1: needs an 'input' or 'question' string"),
+])
+def test_a_bad_exclude_file_names_the_field_and_line(tmp_path, body, says):
+    if body is not None:
+        (tmp_path / "missing.jsonl").write_text(body)
+    with pytest.raises(SpecError, match=says):
+        task_data(chain_task(train=4, val=4, test=4, exclude="missing.jsonl"), 0, tmp_path)
 
 
 def test_jsonl_dataset_errors_name_the_line(tmp_path):
