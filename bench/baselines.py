@@ -193,6 +193,7 @@ async def gepa_row(
         "tokens": used.tokens,
         "wall_s": round(wall, 1),
         "candidates": result.num_candidates,
+        "capped": used.calls < budget,  # stopped by the wall-clock cap, not the budget
         "best_graph": best.model_dump(mode="json"),
         "per_input": per_input(test),
     }
@@ -312,5 +313,6 @@ def trl_grpo_row(
         "wall_s": round(wall, 1),
         "steps": done,
         "steps_planned": steps,
+        "capped": done < steps,  # stopped by the wall-clock cap, not the budget
         "per_input": per_input(ev),
     }

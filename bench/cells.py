@@ -9,7 +9,10 @@ work on main cannot change the code under it, while its cells are written into m
 folder (``--results``) and committed as they finish.
 
 The summary built from the cells names that commit; a cell from any other commit is reported
-as such (``plan``) and never mixed into a summary (``gather``).
+as such (``plan``) and never mixed into a summary (``gather``). ``write_summary`` keeps, beside
+the figures, the campaign record ``bench/stale.py`` checks: the commit, each cell file's hash,
+and the bench/ code that summarized them. evoagent/ at HEAD may differ from the commit (the
+summary says how: ``drift``); that is the campaign's point, not a stale result.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from code_graph import digest, manifest
+from results_io import STARTED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,15 +124,16 @@ def plan(folder: Path, cells: Sequence[Cell], at: str | None, guess_s: Callable[
     return Plan(done, other, missing, seconds / 3600)
 
 
-def gather(folder: Path, cells: Sequence[Cell], at: str) -> dict[Cell, dict[str, Any]]:
+def gather(folder: Path, cells: Sequence[Cell], at: str, dirty_ok: bool = False) -> dict[Cell, dict[str, Any]]:
     """Every cell's result, all from commit ``at``; refuses a missing cell or one from another
-    commit (``SystemExit`` naming it), so a summary never mixes code silently."""
+    commit (``SystemExit`` naming it), so a summary never mixes code silently. A cell run with
+    uncommitted changes is refused too, unless ``dirty_ok`` (a wiring check, not figures)."""
     out = {}
     for c in cells:
         data = read(folder, c)
         if data is None:
             raise SystemExit(f"cell {c} is missing: run the campaign to the end first")
-        if data["commit"] != at or data.get("dirty"):
+        if data["commit"] != at or (data.get("dirty") and not dirty_ok):
             state = "with uncommitted changes" if data.get("dirty") else f"at {data['commit'][:10]}"
             raise SystemExit(f"cell {c} ran {state}, not at the campaign's commit {at[:10]}: "
                              "run it again (delete its file) or name its commit")
@@ -141,3 +148,39 @@ def campaign_commit(folder: Path, cells: Sequence[Cell]) -> str | None:
         if (data := read(folder, c)) is not None:
             seen[data["commit"]] = seen.get(data["commit"], 0) + 1
     return max(seen, key=lambda k: seen[k]) if seen else None
+
+
+def write_summary(
+    dest: Path, figures: dict[str, Any], folder: Path, cells: Sequence[Cell], at: str, script: Path
+) -> Path:
+    """Write a campaign's summary ``dest`` with its record: ``campaign`` (the commit, and each
+    cell file's hash, by path relative to ``dest``'s folder) and ``code`` (the bench/ files of
+    ``script``, the one that turned the cells into figures; evoagent/ ran at the commit)."""
+    files = {str(c.path(folder).resolve().relative_to(dest.parent.resolve())): digest(c.path(folder).read_bytes())
+             for c in cells}
+    code = {p: h for p, h in manifest(script, (), STARTED).items() if p.startswith("bench/")}
+    record = {"commit": at, "evoagent_changed_since": drift(at), "cells": files}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps({**figures, "campaign": record, "code": code}, indent=2) + "\n")
+    print(f"wrote {dest}")
+    return dest
+
+
+def campaign_problems(summary: Path, record: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """What no longer holds of a campaign summary's record (empty: it stands): a cell file
+    changed or gone, a cell that says another commit, or a commit that is not in HEAD's
+    history."""
+    out = []
+    for rel, recorded in record["cells"].items():
+        f = summary.parent / rel
+        if not f.is_file():
+            out.append(f"its cell {rel} is gone")
+        elif digest(f.read_bytes()) != recorded:
+            out.append(f"its cell {rel} changed since the summary")
+        elif json.loads(f.read_text())["commit"] != record["commit"]:
+            out.append(f"its cell {rel} ran at another commit than {record['commit'][:10]}")
+    known = subprocess.run(["git", "merge-base", "--is-ancestor", record["commit"], "HEAD"], cwd=root,
+                           capture_output=True).returncode == 0
+    if not known:
+        out.append(f"its commit {record['commit'][:10]} is not in HEAD's history")
+    return out

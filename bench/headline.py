@@ -2,49 +2,53 @@
 and beat GEPA and TRL, at the same budget?
 
 Per task (an ``examples/<name>/task.yaml``) and run seed, six rows on the same policy model,
-reward and splits, each in its own process:
+reward and test inputs:
 
 1. ``seed``: the best seed agent by val (no search);
 2. ``gepa``: GEPA optimizing the seed agent's system texts (``bench/baselines.py``);
 3. ``trl_grpo``: TRL's GRPOTrainer on the seed agent's prompts, weights only;
 4. ``evolve``: evoagent without RL; 5. ``rl``: evoagent's RL phases without program search
-   (``evolve.children: 0``); 6. ``joint``: evoagent as the task is written.
+   (``evolve.children: 0``); 6. ``joint``: evoagent as the task is written, with the RL
+   schedule ``--schedule`` (it ends on a search generation either way).
 
-Every row that has a mutator gets the same one (``--mutator``, by default the embedded
-Qwen2.5-Coder-1.5B-Instruct: evolve's and joint's mutator, GEPA's reflection LM); the policy
-is the task's (``--policy`` replaces it). The run seed (``--seeds``) seeds the data, the splits,
-the search and the RL; each seed is a full set of rows.
+Every row that has a mutator gets the same one (``--mutator``: evolve's and joint's mutator,
+GEPA's reflection LM); the policy is the task's (``--policy`` replaces it). A run seed
+(``--seeds``) seeds the search, the RL and the draw of train and val; every seed is tested on
+the same inputs (``task.splits.test_seed``, ``TEST_SEED`` unless the task sets it), disjoint by
+question from train and val.
 
 The budget is what the joint row spends, counted in completions the models generated (policy
 and mutator; cache hits are free): every other search row of the same seed gets it
 (``evolve.max_calls``, GEPA's stopper, TRL's steps), and each row reports what it spent
 (``calls``, ``tokens``). GEPA and TRL also stop at a wall-clock cap (``--gepa-minutes``,
-``--trl-minutes``): on a CPU both are far slower per completion than evoagent's batched rows,
-and a row stopped early says so by spending fewer calls than the budget. The test split is
-scored once per row and seed; a row's score is the mean over seeds, and its 95% CI comes from a
-two-level bootstrap (seeds, then the test inputs within each drawn seed), paired across rows,
-for each row and for joint minus the best other row. Writes ``bench/results/headline.json``
-(each task with the command that made its rows) and ``bench/results/headline.md`` (the
-README's table) only when every asked row of every asked task and seed finished; other tasks
-already in the file are kept. Each finished row is also kept in
-``bench/results/headline.partial.jsonl`` until a run of all six rows: an interrupted run, or one
-asked for fewer rows (``--rows seed,joint``), is picked up by the next without re-running a row,
-as long as the code, the task and the settings match.
+``--trl-minutes``), a safety stop set high enough never to bind: each such row records whether
+it did (``capped``). Minutes never decide a row.
+
+Each (task, row, seed) is a cell (``bench/cells.py``): its own process and its own file
+``<out>/headline/<task>/<row>-s<seed>.json`` with the command, the commit it ran at, the budget
+it spent and each test input's reward. A run does only the missing cells, so a campaign that
+is killed resumes where it stopped; run it from a ``git worktree`` at one commit, writing into
+main's results. Once every asked cell is in, ``headline.json`` and ``headline.md`` are built from
+the cells of that commit: a row's score is its mean over seeds, with a 95% CI from a two-level
+bootstrap (seeds, then test inputs within each drawn seed), paired across rows, and joint minus
+the best other row; the summary names the commit and what changed in evoagent/ since.
 
     python bench/headline.py [--tasks examples/sums/task.yaml,...] [--seeds 0,1,2]
-                             [--rows seed,joint,...] [--mutator NAME] [--policy NAME]
-    python bench/headline.py --quick     # a tiny random model: checks the wiring, not the numbers
+                             [--rows seed,joint,...] [--mutator NAME] [--schedule adaptive]
+    python bench/headline.py --plan        # done, missing and other-commit cells, hours left
+    python bench/headline.py --summarize   # headline.json/.md from the cells at their commit
+    python bench/headline.py --quick       # a tiny random model: checks the wiring, not the numbers
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -52,18 +56,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cells  # bench/ is sys.path[0] when a script runs
 import numpy as np
-from code_graph import manifest  # bench/ is sys.path[0] when a script runs
-from results_io import RESULTS, STARTED, run_kept
+from results_io import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("seed", "gepa", "trl_grpo", "evolve", "rl", "joint")
 SEARCHES = 50  # generations of the budgeted rows: the budget, not this, ends them
-ROW_MARK = "ROW-RESULT "
+TEST_SEED = 1000  # the test draw of every run seed, unless the task fixes its own
 MUTATES = ("gepa", "evolve", "joint")  # the rows with a mutator (GEPA's reflection LM)
 NEEDS = {"gepa": ("gepa", "gepa"), "trl_grpo": ("trl", "trl")}  # row -> (module, pip package)
 DEFAULT_TASKS = ("examples/sums/task.yaml", "examples/equations/task.yaml")
-MUTATOR = "embedded:qwen2.5-coder-1.5b"
+MUTATOR = "embedded"  # the 135M: more children that beat their parent per CPU-minute (README)
+GUESS_S = {"seed": 120.0, "joint": 3600.0, "gepa": 3600.0, "trl_grpo": 3600.0, "evolve": 2400.0, "rl": 2400.0}
 BOOTSTRAP = 5000
 
 
@@ -79,6 +84,8 @@ def spec_for(task: str, row: str, out: str, budget: int | None, opts: argparse.N
     spec = runner.prepare(task, output=out)
     d = spec.model_dump(mode="json")
     d["seed"] = opts.run_seed
+    if d["task"]["splits"]["test_seed"] is None:
+        d["task"]["splits"]["test_seed"] = TEST_SEED
     if opts.policy:
         d["policy"]["model"] = opts.policy
     if opts.operator_policy:
@@ -88,7 +95,7 @@ def spec_for(task: str, row: str, out: str, budget: int | None, opts: argparse.N
         d["policy"] |= {"model": opts.model, "dtype": "float32", "max_batch": 16}
         mutator = {**d["policy"], "max_batch": 8}
         d["task"]["dataset"]["size"] = 40
-        d["task"]["splits"] = {"train": 4, "val": 4, "test": 4}
+        d["task"]["splits"] |= {"train": 4, "val": 4, "test": 4, "exclude": None}
         d["evolve"] |= {"generations": 2, "children": 2}
         d["evolve"]["cascade"]["minibatch"] = 2
         d["rl"] |= {"every": 1, "steps": 1, "group_size": 2, "inputs_per_step": 2}
@@ -101,6 +108,8 @@ def spec_for(task: str, row: str, out: str, budget: int | None, opts: argparse.N
     elif row == "evolve":
         d["rl"]["enabled"] = False
         d["evolve"] |= {"generations": SEARCHES, "max_calls": budget}
+    elif row == "joint" and opts.schedule:
+        d["rl"]["schedule"] = opts.schedule
     elif row == "rl":
         d["rl"] |= {"enabled": True, "every": 1}
         d["evolve"] |= {"generations": SEARCHES, "children": 0, "max_calls": budget}
@@ -163,78 +172,38 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def code_files(task: str) -> dict[str, str]:
-    """What a row's figures depend on: this script and every module it can reach, the seed
-    graphs and the task's folder, as they were when this run started (``code_graph.manifest``)."""
-    return manifest(Path(__file__), (Path(task).resolve().parent, ROOT / "graphs"), STARTED)
+def task_key(task: str, opts: argparse.Namespace) -> str:
+    """The results key of a task (its cells' folder): its folder's name, with the policy model
+    or the operator policy when they are replaced."""
+    name = Path(task).resolve().parent.name
+    name += f"+policy={opts.policy}" if opts.policy else ""
+    name += f"+operators={opts.operator_policy}" if opts.operator_policy else ""
+    return re.sub(r"[^A-Za-z0-9._+=-]", "_", name)
 
 
-def code_hash(task: str) -> str:
-    """One digest of ``code_files``: a kept row is reused only while this is unchanged."""
-    return hashlib.sha256(json.dumps(code_files(task), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def spawn(
-    task: str,
-    row: str,
-    seed: int,
-    opts: argparse.Namespace,
-    budget: int | None,
-    seed_graph: Path,
-    partial: Path,
-) -> dict[str, Any]:
-    """One row of one run seed in its own process; a row finished by an earlier, interrupted
-    or narrower run (``--rows``) of the same code and settings is kept from ``partial``."""
-    cmd = [
-        sys.executable,
-        __file__,
-        "--task",
-        task,
-        "--row",
-        row,
-        "--run-seed",
-        str(seed),
-        "--seed-graph",
-        str(seed_graph),
-        "--trl-minutes",
-        str(opts.trl_minutes),
-        "--gepa-minutes",
-        str(opts.gepa_minutes),
-        "--mutator",
-        opts.mutator,
-        "--policy",
-        opts.policy,
-        "--operator-policy",
-        opts.operator_policy,
-    ]
-    if budget is not None:
-        cmd += ["--budget", str(budget)]
+def run_cell(task: str, cell: cells.Cell, opts: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """One cell in its own process (this script with ``--cell``), after the cells it needs: the
+    seed row's best agent (every row starts from it) and the joint row's spending (the budget)."""
+    kept = lambda row: cells.read(opts.cells, cells.Cell(cell.task, row, cell.seed))  # noqa: E731
+    cmd = [sys.executable, __file__, "--cell", cell.task, cell.row, str(cell.seed), "--task", task,
+           "--out", str(opts.out_dir), "--trl-minutes", str(opts.trl_minutes),
+           "--gepa-minutes", str(opts.gepa_minutes), "--mutator", opts.mutator, "--policy", opts.policy,
+           "--operator-policy", opts.operator_policy, "--schedule", opts.schedule]
+    if cell.row != "seed":
+        seed_graph = work / f"{cell.task}-{cell.seed}-seed.json"
+        seed_graph.write_text(json.dumps(kept("seed")["best_graph"]))
+        cmd += ["--seed-graph", str(seed_graph)]
+    if cell.row not in ("seed", "joint"):
+        cmd += ["--budget", str(int(kept("joint")["calls"]))]
     if opts.model is not None:
         cmd += ["--model", opts.model]
-    name = task_name(task, opts)
-    key = {
-        "task": name,
-        "row": row,
-        "seed": seed,
-        "budget": budget,
-        "quick": bool(opts.quick),
-        "mutator": opts.mutator,
-        "policy": opts.policy,
-        "operator_policy": opts.operator_policy,
-        "trl_minutes": opts.trl_minutes,
-        "gepa_minutes": opts.gepa_minutes,
-        "code": code_hash(task),
-    }
-    what = f"{name} seed {seed}: {row}" + (f" (budget {budget} calls)" if budget else "")
-    return run_kept(cmd, ROW_MARK, what, key, partial)
-
-
-def task_name(task: str, opts: argparse.Namespace) -> str:
-    """The results key of a task: its folder's name, with the policy model or the operator
-    policy when they are replaced."""
-    name = Path(task).resolve().parent.name
-    name += f" (policy {opts.policy})" if opts.policy else ""
-    return name + (f" (operators {opts.operator_policy})" if opts.operator_policy else "")
+    print(f"== {cell}", flush=True)
+    code = os.spawnv(os.P_WAIT, sys.executable, cmd)
+    if code != 0:
+        refuse(f"cell {cell} failed (exit {code}); the cells before it are kept")
+    data = cells.read(opts.cells, cell)
+    assert data is not None
+    return data
 
 
 # -- statistics ----------------------------------------------------------------------------------
@@ -351,12 +320,16 @@ def markdown(figures: dict[str, Any]) -> str:
                 f"| {task} | joint - {t['best_other']} | | [{lo:+.3f}, {hi:+.3f}] | {seeds} | | | |"
             )
     lines.append("")
+    changed = figures["evoagent_changed_since"].splitlines()
+    lines.append(f"Every cell ran at commit {figures['commit'][:10]}; evoagent/ since then: "
+                 f"{changed[-1].strip() if changed else 'unchanged'}.")
     for task, t in figures["tasks"].items():
         inputs = sorted(set(t["test_inputs"].values()))
         lines.append(
             f"- {task}: `{t['command']}`; seeds {t['seeds']}, {'/'.join(map(str, inputs))} test "
-            f"inputs each; mutator {t['mutator']}, policy {t['policy']}, operator policy "
-            f"{t['operator_policy']}; {t['machine']}; "
+            f"inputs each; mutator {t['mutator']}, joint's schedule {t['schedule']}, policy {t['policy']}, "
+            f"operator policy {t['operator_policy']}; wall-clock cap bound in {t['capped'] or 'no cell'}; "
+            f"{t['machine']}; "
             + ", ".join(f"{k} {val}" for k, val in t["versions"].items())
         )
     return "\n".join(lines) + "\n"
@@ -405,157 +378,143 @@ def tiny_model(folder: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated task.yaml files"
-    )
+    ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated task.yaml files")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
-    ap.add_argument(
-        "--seeds", default="0,1,2", help="comma-separated run seeds; each is a full set of rows"
-    )
-    ap.add_argument(
-        "--mutator",
-        default=MUTATOR,
-        help="the model of every row's mutator (evolve, joint, GEPA); '' keeps the task's",
-    )
-    ap.add_argument(
-        "--policy", default="", help="a policy model replacing the task's ('' keeps it)"
-    )
-    ap.add_argument(
-        "--operator-policy", default="", help="evolve.operator_policy.kind ('' keeps the task's)"
-    )
-    ap.add_argument(
-        "--quick", action="store_true", help="a tiny random model and tiny budgets (CI)"
-    )
-    ap.add_argument(
-        "--require-signal",
-        action="store_true",
-        help="refuse tasks whose seeds all score 0 even with --quick (always on without it)",
-    )
-    ap.add_argument(
-        "--out", help="results folder (default bench/results; --quick: a temporary one)"
-    )
-    ap.add_argument("--trl-minutes", type=float, default=10.0, help="wall-clock cap of the TRL row")
-    ap.add_argument(
-        "--gepa-minutes", type=float, default=10.0, help="wall-clock cap of the GEPA row"
-    )
-    for hidden in (
-        "--task",
-        "--row",
-        "--seed-graph",
-        "--model",
-    ):  # internal: one row in this process
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds; each is a full set of rows")
+    ap.add_argument("--mutator", default=MUTATOR,
+                    help="the model of every row's mutator (evolve, joint, GEPA); '' keeps the task's")
+    ap.add_argument("--policy", default="", help="a policy model replacing the task's ('' keeps it)")
+    ap.add_argument("--operator-policy", default="", help="evolve.operator_policy.kind ('' keeps the task's)")
+    ap.add_argument("--schedule", default="", help="the joint row's rl.schedule ('' keeps the task's)")
+    ap.add_argument("--quick", action="store_true", help="a tiny random model and tiny budgets (CI)")
+    ap.add_argument("--require-signal", action="store_true",
+                    help="refuse tasks whose seeds all score 0 even with --quick (always on without it)")
+    ap.add_argument("--out", type=Path,
+                    help="results folder: headline.json/.md, cells under headline/ (default bench/results; "
+                    "--quick: a temporary one)")
+    ap.add_argument("--plan", action="store_true", help="list done, missing and other-commit cells, and stop")
+    ap.add_argument("--summarize", action="store_true", help="write headline.json/.md from the cells, run none")
+    ap.add_argument("--commit", help="the campaign's commit (default: that of most done cells)")
+    ap.add_argument("--trl-minutes", type=float, default=600.0, help="safety cap of the TRL row")
+    ap.add_argument("--gepa-minutes", type=float, default=600.0, help="safety cap of the GEPA row")
+    ap.add_argument("--cell", nargs=3, metavar=("TASK", "ROW", "SEED"), help=argparse.SUPPRESS)
+    for hidden in ("--task", "--seed-graph", "--model"):  # internal: one cell in this process
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--run-seed", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.row:
-        print(ROW_MARK + json.dumps(run_row(args)), flush=True)
-        return
+    if args.quick:
+        args.mutator = args.policy = ""  # the tiny model is both
+    if args.cell:
+        return keep_cell(args)
 
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    unknown = [r for r in rows if r not in ROWS]
-    if unknown:
+    if unknown := [r for r in rows if r not in ROWS]:
         refuse(f"--rows: unknown row(s) {unknown}; known: {list(ROWS)}")
-    rows = ["seed"] + [
-        r for r in ROWS if r in rows and r != "seed"
-    ]  # seed first: it picks the seed agent
+    # seed first (it picks the seed agent), joint next (its spending is the others' budget)
+    rows = [r for r in ("seed", "joint", *ROWS) if r in {"seed", *rows}]
+    rows = list(dict.fromkeys(rows))
+    if len(rows) > 1 and "joint" not in rows:
+        refuse("the budgeted rows need the joint row: its spending is their budget")
     for row in rows:
         if row in NEEDS and importlib.util.find_spec(NEEDS[row][0]) is None:
-            refuse(
-                f"the {row} row needs the {NEEDS[row][1]} package, which is not installed: "
-                "pip install 'evoagent-ml[bench]' (or leave the row out with --rows)"
-            )
+            refuse(f"the {row} row needs the {NEEDS[row][1]} package, which is not installed: "
+                   "pip install 'evoagent-ml[bench]' (or leave the row out with --rows)")
     try:
         seeds = sorted({int(x) for x in args.seeds.split(",") if x.strip()})
     except ValueError:
         refuse(f"--seeds: {args.seeds!r} is not a comma-separated list of integers")
     if not seeds:
         refuse("--seeds: name at least one run seed")
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    tasks = {task_key(t, args): t for t in (t.strip() for t in args.tasks.split(",")) if t}
     from evoagent.check import check_spec
     from evoagent.errors import EvoagentError
     from evoagent.llm.embedded import check_model
+    from evoagent.rl.schedule import known_schedules
     from evoagent.spec import load_spec
 
-    if args.quick:
-        args.mutator = args.policy = ""  # the tiny model is both
+    if args.schedule and args.schedule not in known_schedules():
+        refuse(f"--schedule: unknown schedule {args.schedule!r}; known: {known_schedules()}")
     try:
         mutator = args.mutator if set(rows) & set(MUTATES) else ""
         for field, model in (("--mutator", mutator), ("--policy", args.policy)):
             if model:
                 check_model(model, field)
-        for t in tasks:
+        for t in tasks.values():
             check_spec(load_spec(t))
     except (EvoagentError, OSError) as e:
         refuse(str(e))
-    out_dir = (
-        Path(args.out)
-        if args.out
-        else (Path(tempfile.mkdtemp(prefix="headline-")) if args.quick else RESULTS)
-    )
+    args.out_dir = args.out or (Path(tempfile.mkdtemp(prefix="headline-")) if args.quick else RESULTS)
+    args.cells = args.out_dir / "headline"
+    grid = cells.grid(tasks, rows, seeds)
+    if args.plan or args.summarize:
+        at = args.commit or cells.campaign_commit(args.cells, grid) or cells.commit()[0]
+        if args.plan:
+            print(cells.plan(args.cells, grid, at, lambda c: GUESS_S[c.row]).describe())
+        else:
+            summarize_campaign(args, tasks, grid, at)
+        return
+    head, dirty = cells.commit()
+    if dirty and not args.quick:
+        refuse("evoagent/ or bench/ has uncommitted changes: a campaign runs at one commit "
+               "(run it from a git worktree of that commit)")
+    todo = cells.plan(args.cells, grid, head, lambda c: GUESS_S[c.row])
+    print(todo.describe(), flush=True)
     work = Path(tempfile.mkdtemp(prefix="headline-work-"))
-    if args.quick:
-        args.model = tiny_model(work / "tiny-model")
-    partial = (work if args.quick else out_dir) / "headline.partial.jsonl"
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    done: dict[str, Any] = {}
+    args.model = tiny_model(work / "tiny-model") if args.quick else None
     try:
-        for task in tasks:
-            got: Runs = {r: {} for r in rows}
-            for seed in seeds:
-                for row, result in run_seed(task, seed, rows, args, work, partial).items():
-                    got[row][seed] = result
-            done[task_name(task, args)] = summarize(got) | {
-                "command": "python bench/headline.py " + " ".join(sys.argv[1:]),
-                "mutator": args.mutator or "the task's",
-                "policy": args.policy or "the task's",
-                "operator_policy": args.operator_policy or "the task's",
-                "versions": versions(),
-                "machine": f"{os.uname().machine}, {len(os.sched_getaffinity(0))} cores",
-                "code": code_files(task),
-            }
+        for cell in grid:
+            data = run_cell(tasks[cell.task], cell, args, work) if cell in todo.missing else cells.read(args.cells, cell)
+            assert data is not None
+            if cell.row == "seed" and data["val"] <= 0 and (args.require_signal or not args.quick):
+                refuse(f"{tasks[cell.task]} (seed {cell.seed}): every seed agent scores 0 on val "
+                       f"({data['seed_vals']}): no learning signal exists (GRPO groups that all "
+                       "fail give no gradient, and reflection sees no success). Make the task easier "
+                       "(the generator's options), give partial credit in the reward, or add a seed "
+                       "agent that sometimes succeeds")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    dest = out_dir / "headline.json"
-    figures = json.loads(dest.read_text()) if dest.exists() else {"tasks": {}}
-    figures = {"tasks": {**figures["tasks"], **done}, "quick": bool(args.quick)}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(figures, indent=2) + "\n")
-    (out_dir / "headline.md").write_text(markdown(figures))
-    if set(rows) == set(ROWS):  # a narrower run keeps its rows for the full one
-        partial.unlink(missing_ok=True)
+    summarize_campaign(args, tasks, grid, head)
+
+
+def keep_cell(args: argparse.Namespace) -> None:
+    """``--cell``: run one cell in this process and keep it."""
+    task_id, row, seed = args.cell
+    args.row, args.run_seed = row, int(seed)
+    cell = cells.Cell(task_id, row, int(seed))
+    start = time.perf_counter()
+    result = run_row(args) | {"budget": args.budget, "mutator": args.mutator or "the task's",
+                              "schedule": (args.schedule or "the task's") if row == "joint" else None}
+    command = "python bench/headline.py " + " ".join(a for a in sys.argv[1:] if a != "--cell")
+    print("wrote", cells.write(args.out / "headline", cell, result, command, time.perf_counter() - start))
+
+
+def summarize_campaign(args: argparse.Namespace, tasks: dict[str, str], grid: list[cells.Cell], at: str) -> None:
+    """headline.json and headline.md from the cells of commit ``at`` (all of them, or none)."""
+    got = cells.gather(args.cells, grid, at, dirty_ok=args.quick)
+    figures: dict[str, Any] = {"tasks": {}, "quick": bool(args.quick), "commit": at,
+                               "evoagent_changed_since": cells.drift(at)}
+    for key, task in tasks.items():
+        mine = {c: r for c, r in got.items() if c.task == key}
+        runs: Runs = {}
+        for c, r in sorted(mine.items()):
+            runs.setdefault(c.row, {})[c.seed] = r
+        runs = {"seed": runs.pop("seed"), **runs}
+        first = runs["seed"][min(runs["seed"])]
+        joint = [r for c, r in mine.items() if c.row == "joint"]
+        figures["tasks"][key] = summarize(runs) | {
+            "task": task,
+            "command": "python bench/headline.py " + " ".join(sys.argv[1:]),
+            "mutator": first.get("mutator", "the task's"),
+            "schedule": joint[0].get("schedule") if joint else None,
+            "capped": sorted(str(c) for c, r in mine.items() if r.get("capped")),
+            "policy": args.policy or "the task's",
+            "operator_policy": args.operator_policy or "the task's",
+            "versions": versions(),
+            "machine": f"{os.uname().machine}, {len(os.sched_getaffinity(0))} cores",
+        }
+    cells.write_summary(args.out_dir / "headline.json", figures, args.cells, grid, at, Path(__file__))
+    (args.out_dir / "headline.md").write_text(markdown(figures))
     print(markdown(figures))
-    print(f"wrote {dest} and {out_dir / 'headline.md'}")
-
-
-def run_seed(
-    task: str, seed: int, rows: list[str], args: argparse.Namespace, work: Path, partial: Path
-) -> dict[str, dict[str, Any]]:
-    """Every asked row of ``task`` at run seed ``seed``: the seed row picks the seed agent, the
-    joint row's spending is the others' budget."""
-    got: dict[str, dict[str, Any]] = {}
-    seed_graph = work / f"{Path(task).resolve().parent.name}-{seed}-seed.json"
-    got["seed"] = spawn(task, "seed", seed, args, None, seed_graph, partial)
-    if got["seed"]["val"] <= 0 and (args.require_signal or not args.quick):
-        refuse(
-            f"{task} (seed {seed}): every seed agent scores 0 on val "
-            f"({got['seed']['seed_vals']}): no learning signal exists (GRPO groups that all "
-            "fail give no gradient, and reflection sees no success). Make the task easier "
-            "(the generator's options), give partial credit in the reward, or add a seed "
-            "agent that sometimes succeeds; nothing was written"
-        )
-    seed_graph.write_text(json.dumps(got["seed"]["best_graph"]))
-    budget = None
-    if "joint" in rows:
-        got["joint"] = spawn(task, "joint", seed, args, None, seed_graph, partial)
-        budget = int(got["joint"]["calls"])
-    for row in rows:
-        if row in got:
-            continue
-        if budget is None:
-            refuse("the budgeted rows need the joint row: its spending is their budget")
-        got[row] = spawn(task, row, seed, args, budget, seed_graph, partial)
-    return got
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from a ``git worktree`` at one commit, writing into main's results::
     git worktree add ../campaign HEAD
     cd ../campaign && python bench/schedule.py --results /path/to/main/bench/results/schedule
     python bench/schedule.py --plan     # done and missing cells, hours left
-    python bench/schedule.py --summarize  # schedule.json and schedule.md, once every cell is in
+    python bench/schedule.py --summarize  # schedule.json and .md beside --results, once every cell is in
 
 The summary compares arms per task by a two-level bootstrap (seeds, then test inputs within a
 seed, paired across arms: ``headline.bootstrap``) and names the commit the cells ran at, with
@@ -40,7 +40,7 @@ from typing import Any
 
 import cells
 import numpy as np
-from results_io import RESULTS, write_results
+from results_io import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("evolve", "fixed", "adaptive")
@@ -192,8 +192,8 @@ def main() -> None:
         return
     if args.summarize:
         figures = summarize(args.results, grid, at)
-        write_results("schedule", figures)
-        (RESULTS / "schedule.md").write_text(markdown(figures))
+        cells.write_summary(args.results.parent / "schedule.json", figures, args.results, grid, at, Path(__file__))
+        (args.results.parent / "schedule.md").write_text(markdown(figures))
         print(markdown(figures))
         return
     head, dirty = cells.commit()

@@ -20,6 +20,7 @@ inputs come from run seed 100, never one of the headline's seeds (0, 1, 2).
 
     python bench/split_screen.py            # run the missing cells, then write the summary
     python bench/split_screen.py --plan     # done and missing cells
+    python bench/split_screen.py --summarize  # split_screen.json/.md from the cells, at their commit
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import cells
-from results_io import RESULTS, write_results
+from results_io import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = RESULTS / "split_screen"
@@ -170,6 +171,9 @@ def main() -> None:
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
     ap.add_argument("--results", type=Path, default=FOLDER)
     ap.add_argument("--plan", action="store_true")
+    ap.add_argument("--summarize", action="store_true",
+                    help="write split_screen.json/.md beside --results from the cells, running none")
+    ap.add_argument("--commit", help="with --summarize: the campaign's commit (default: that of most cells)")
     ap.add_argument("--cell", nargs=2, metavar=("TASK", "ROW"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -184,12 +188,21 @@ def main() -> None:
     names = [c for c in args.candidates.split(",") if c]
     if unknown := [c for c in names if c not in CANDIDATES]:
         sys.exit(f"--candidates: unknown {unknown}; known: {sorted(CANDIDATES)}")
-    head, dirty = cells.commit()
+    if args.summarize:
+        every = [cells.Cell(f"{n}-L{lv}", r, SEED) for n in names for lv in range(len(CANDIDATES[n][2]))
+                 for r in ("seed", "evolve", "rl")]
+        at = args.commit or cells.campaign_commit(args.results, every)
+        if at is None:
+            sys.exit(f"no cells in {args.results}")
+        get = lambda cell: cells.gather(args.results, [cell], at)[cell]  # noqa: E731
+    else:
+        head, dirty = cells.commit()
+        get = lambda cell: screen(args, cell, head, dirty)  # noqa: E731
     chosen: dict[str, str] = {}
     for name in names:
         for level in range(len(CANDIDATES[name][2])):
             key = f"{name}-L{level}"
-            seed = screen(args, cells.Cell(key, "seed", SEED), head, dirty)
+            seed = get(cells.Cell(key, "seed", SEED))
             score = sum(seed["per_input"].values()) / len(seed["per_input"])
             print(f"{key}: the seed scores {score:.3f} on the {SCREEN} screening inputs", flush=True)
             if LOW <= score <= HIGH:
@@ -204,11 +217,14 @@ def main() -> None:
     got = {}
     for key in chosen.values():
         for row in ("seed", "evolve", "rl"):
-            cell = cells.Cell(key, row, SEED)
-            got[cell] = screen(args, cell, head, dirty)
-    figures = summarize(got, chosen) | {"commit": head, "dirty": dirty}
-    write_results("split_screen", figures)
-    (RESULTS / "split_screen.md").write_text(markdown(figures))
+            got[cells.Cell(key, row, SEED)] = get(cells.Cell(key, row, SEED))
+    tried = [cells.Cell(f"{n}-L{lv}", "seed", SEED) for n in names for lv in range(len(CANDIDATES[n][2]))
+             if cells.read(args.results, cells.Cell(f"{n}-L{lv}", "seed", SEED)) is not None]
+    at = next(iter(got.values()))["commit"] if got else cells.commit()[0]
+    figures = summarize(got, chosen) | {"commit": at}
+    used = sorted(set(tried) | set(got))
+    cells.write_summary(args.results.parent / "split_screen.json", figures, args.results, used, at, Path(__file__))
+    (args.results.parent / "split_screen.md").write_text(markdown(figures))
     print(markdown(figures))
 
 

@@ -9,6 +9,13 @@ is checked against the code of the commit that last wrote it (its script and wha
 there), as git holds it. A recorded file that differs from the file as it stands, or is gone,
 is a change.
 
+A campaign's summary (``schedule.json``, ``headline.json``, ``split_screen.json``: figures from
+cells that each ran as its own process at one commit, ``bench/cells.py``) records the commit,
+each cell file's hash and the bench/ code that summarized them: it is stale when a cell file
+changed or went, a cell ran at another commit, the commit left HEAD's history, or that bench/
+code changed. evoagent/ changing after the commit is not staleness: the summary names the
+commit and says what changed since (``evoagent_changed_since``).
+
 ``bench/stale_ok.json`` maps a results file (``headline.json#sums`` for one task of the
 headline) to ``{"files": {path: sha256 prefix as it stands now}, "why": "..."}``: each changed
 file must be listed with its current hash, so an entry covers exactly the change it explains
@@ -27,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cells import campaign_problems
 from code_graph import ROOT, Tree, digest, manifest  # bench/ is sys.path[0] when a script runs
 
 RESULTS = ROOT / "bench" / "results"
@@ -81,6 +89,10 @@ def check() -> list[str]:
     ok: dict[str, Any] = json.loads(OK_FILE.read_text()) if OK_FILE.is_file() else {}
     problems = []
     for result in sorted(RESULTS.glob("*.json")):
+        campaign = json.loads(result.read_text()).get("campaign")
+        if campaign is not None:
+            problems += [f"{result.name}: {p} (run the campaign's missing cells and summarize again)"
+                         for p in campaign_problems(result, campaign)]
         for label, code in records(result).items():
             if not code:
                 problems.append(f"{label}: no record of the code that made it")

@@ -76,3 +76,23 @@ def test_the_schedule_summary_finds_a_known_difference(tmp_path, monkeypatch):
     assert 0.3 < lo <= 0.5 <= hi < 0.7
     assert figures["default_should_be"] == "adaptive" and figures["adaptive_better_on"] == ["gcd"]
     assert "| gcd | adaptive - fixed | | [+" in schedule.markdown(figures)
+
+
+def test_a_campaign_summary_stands_until_a_cell_changes_or_its_commit_leaves_history(tmp_path, monkeypatch):
+    """What bench/stale.py checks of schedule.json, headline.json and split_screen.json."""
+    head = cells._git(ROOT, "rev-parse", "HEAD")
+    monkeypatch.setattr(cells, "commit", lambda root=ROOT: (head, False))
+    grid = cells.grid(["gcd"], ["evolve", "fixed"], [0])
+    for c in grid:
+        finish(tmp_path / "schedule", c, {"a": 1.0})
+    dest = cells.write_summary(tmp_path / "schedule.json", {"x": 1}, tmp_path / "schedule", grid, head,
+                              ROOT / "bench" / "schedule.py")
+    record = json.loads(dest.read_text())["campaign"]
+    assert sorted(record["cells"]) == ["schedule/gcd/evolve-s0.json", "schedule/gcd/fixed-s0.json"]
+    assert cells.campaign_problems(dest, record) == []
+    assert all(p.startswith("bench/") for p in json.loads(dest.read_text())["code"])
+
+    finish(tmp_path / "schedule", grid[1], {"a": 0.0})  # the cell was run again after the summary
+    assert cells.campaign_problems(dest, record) == ["its cell schedule/gcd/fixed-s0.json changed since the summary"]
+    gone = record | {"commit": "0" * 40}
+    assert "its commit 0000000000 is not in HEAD's history" in cells.campaign_problems(dest, gone)

@@ -27,7 +27,7 @@ def run(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_quick_runs_all_six_rows_at_the_joint_rows_budget(tmp_path):
+def test_quick_runs_all_six_rows_at_the_joint_rows_budget_and_resumes_only_missing_cells(tmp_path):
     pytest.importorskip("gepa")
     pytest.importorskip("trl")
     proc = run("--quick", "--seeds", "0,1", "--tasks", TASK, "--out", str(tmp_path))
@@ -44,10 +44,36 @@ def test_quick_runs_all_six_rows_at_the_joint_rows_budget(tmp_path):
                 budget = task["details"]["joint"][seed]["calls"]
                 assert task["details"][name][seed]["calls"] >= budget
     assert task["test_inputs"] == {"0": 4, "1": 4} and len(task["joint_minus_best_other"]) == 2
-    assert task["command"].startswith("python bench/headline.py --quick")
+    # every seed is tested on the same inputs (task.splits.test_seed), with its own train and val
+    per_input = {s: set(json.loads((tmp_path / "headline" / "chained_ops" / f"seed-s{s}.json").read_text())["per_input"])
+                 for s in (0, 1)}
+    assert per_input[0] == per_input[1]
+    assert task["command"].startswith("python bench/headline.py --quick") and task["capped"] == []
     assert figures["quick"] is True and task["versions"]["gepa"] != "not installed"
     table = (tmp_path / "headline.md").read_text()
     assert table.count("| chained_ops |") == 7 and "--quick" in table
+    assert f"Every cell ran at commit {figures['commit'][:10]}" in table
+    record = figures["campaign"]
+    assert len(record["cells"]) == 12 and record["commit"] == figures["commit"]
+
+    import cells
+
+    assert cells.campaign_problems(tmp_path / "headline.json", record) == []
+    # a killed campaign: one cell lost, one from another commit; the next run redoes just those
+    (tmp_path / "headline" / "chained_ops" / "evolve-s1.json").unlink()
+    moved = tmp_path / "headline" / "chained_ops" / "rl-s0.json"
+    moved.write_text(json.dumps(json.loads(moved.read_text()) | {"commit": "0" * 40}))
+    problems = cells.campaign_problems(tmp_path / "headline.json", record)
+    assert "its cell headline/chained_ops/evolve-s1.json is gone" in problems
+    assert "its cell headline/chained_ops/rl-s0.json changed since the summary" in problems
+    plan = run("--quick", "--seeds", "0,1", "--tasks", TASK, "--out", str(tmp_path), "--plan")
+    assert "10 done, 2 missing, 1 from another commit" in plan.stdout
+    assert "other    chained_ops/rl-s0 (ran at 0000000000)" in plan.stdout
+    again = run("--quick", "--seeds", "0,1", "--tasks", TASK, "--out", str(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:] + again.stdout[-3000:]
+    ran = [ln[3:] for ln in again.stdout.splitlines() if ln.startswith("== ")]
+    assert ran == ["chained_ops/rl-s0", "chained_ops/evolve-s1"]
+    assert cells.campaign_problems(tmp_path / "headline.json", json.loads((tmp_path / "headline.json").read_text())["campaign"]) == []
 
 
 def test_an_unknown_row_or_a_missing_package_is_refused_before_anything_runs(tmp_path):
@@ -60,11 +86,11 @@ def test_an_unknown_row_or_a_missing_package_is_refused_before_anything_runs(tmp
 
 
 @pytest.mark.slow
-def test_a_task_whose_seeds_all_score_zero_is_refused_and_nothing_is_written(tmp_path):
+def test_a_task_whose_seeds_all_score_zero_is_refused_and_nothing_is_summarized(tmp_path):
     proc = run("--quick", "--require-signal", "--rows", "seed", "--tasks", TASK, "--out", str(tmp_path))
     assert proc.returncode == 2
     assert "every seed agent scores 0 on val" in proc.stderr and "no learning signal" in proc.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert not (tmp_path / "headline.json").exists()
 
 
 def _row(rewards: list[float]) -> dict:
@@ -115,22 +141,20 @@ def test_rows_tested_on_different_inputs_are_refused():
         headline.summarize(_one_seed(seed=[1.0, 0.0], joint=[1.0, 0.0, 1.0]))
 
 
-def test_a_finished_row_is_kept_for_the_next_run_until_the_code_or_task_changes(tmp_path):
-    """An interrupted or narrower run (--rows seed,joint) hands its rows to the next one."""
-    from results_io import run_kept
+def test_the_bootstrap_of_a_known_paired_difference_is_that_difference():
+    """Joint scores exactly 0.25 above the seed row on every input of every seed (partial
+    credit), while the seeds' levels differ: every resample of seeds and inputs gives 0.25."""
+    rows = {"seed": {}, "joint": {}}
+    for s, level in enumerate((0.2, 0.4, 0.6)):
+        rows["seed"][s] = _row([level] * 50)
+        rows["joint"][s] = _row([level + 0.25] * 50)
+    out = headline.summarize(rows)
+    assert out["joint_minus_best_other"] == [0.25, 0.25]
+    assert out["rows"]["seed"]["test"] == pytest.approx(0.4)
+    lo, hi = out["rows"]["seed"]["ci"]
+    assert 0.2 <= lo < 0.4 < hi <= 0.6  # the spread across seeds is in the row's own interval
 
-    partial = tmp_path / "headline.partial.jsonl"
-    ok = [sys.executable, "-c", f"print({headline.ROW_MARK!r} + '{{\"test\": 0.5}}')"]
-    broken = [sys.executable, "-c", "raise SystemExit(1)"]
-    key = {"task": "sums", "row": "seed", "code": "abc"}
-    assert run_kept(ok, headline.ROW_MARK, "seed", key, partial) == {"test": 0.5}
-    assert run_kept(broken, headline.ROW_MARK, "seed", key, partial) == {"test": 0.5}  # not run again
-    with pytest.raises(SystemExit, match="nothing was written"):
-        run_kept(broken, headline.ROW_MARK, "seed", key | {"code": "changed"}, partial)
 
-    task = tmp_path / "task" / "task.yaml"
-    task.parent.mkdir()
-    task.write_text("name: t\n")
-    before = headline.code_hash(str(task))
-    task.write_text("name: t2\n")
-    assert headline.code_hash(str(task)) != before
+def test_the_joint_row_is_required_by_the_budgeted_rows(tmp_path):
+    proc = run("--rows", "seed,evolve", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "the budgeted rows need the joint row" in proc.stderr
