@@ -11,7 +11,14 @@ free), all with the same operators (the task's plus ``decompose``, ``best_of_n``
 - ``map_elites``: MAP-Elites over nodes x LLM calls per input;
 - ``pareto``: GEPA's per-input Pareto front;
 - ``fixed``: islands, operators drawn by their configured weights (``operator_policy: fixed``);
-- ``novelty``: islands with novelty rejection (``novelty_threshold: 0.9``; not run by default).
+- ``novelty``: islands with novelty rejection (``novelty_threshold: 0.9``; not run by default);
+- ``prompt_ops`` and ``instruction_demo_search`` (not run by default): islands with only
+  ``bootstrap_demos`` and ``reflective_rewrite``, against only ``instruction_demo_search``
+  (MIPROv2-style: the instruction and the demos chosen together by TPE on train minibatches,
+  whose executions count toward the same budget)::
+
+      python bench/search_compare.py --tasks examples/arithmetic/task.yaml \
+          --arms prompt_ops,instruction_demo_search
 
 Each run reports its best val score, the best agent's test score (scored once), what it spent
 and how many distinct agents it evaluated. Per arm: the mean over seeds with a 95% t-interval
@@ -48,6 +55,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "pareto": {"selection": {"kind": "pareto"}},
     "fixed": {"operator_policy": {"kind": "fixed"}},  # the default is the operator bandit
     "novelty": {"novelty_threshold": 0.9},
+    # which instruction with which demos: MIPROv2-style search against the two operators it combines
+    "prompt_ops": {"operators": [{"name": "bootstrap_demos"}, {"name": "reflective_rewrite"}]},
+    "instruction_demo_search": {"operators": [{"name": "instruction_demo_search"}]},
 }
 DEFAULT_ARMS = ("islands", "dgm", "map_elites", "pareto", "fixed")  # novelty: --arms
 EXTRA_OPERATORS = ("decompose", "best_of_n", "reflexion_retry")

@@ -11,7 +11,9 @@ Sections (each an element id, so tests and users can link to it):
   - ``insights``: the insight memory (ExpeL) with each rule's votes, when the run kept one;
   - ``rl``: reward, accuracy, loss (and KL when trained with it) per RL step;
   - ``schedule``: each step (search generation or RL phase), its cost and val gain, and which
-    phases were rolled back.
+    phases were rolled back;
+  - ``code``: each agent whose own tool code (a python tool's ``source``) differs from its
+    parent's, as a unified diff, and the ``rewrite_tool`` children archived as invalid, with why.
 
 plotly.js is embedded once (no network needed to open the file); everything is read from the
 archive, opened read-only.
@@ -37,6 +39,7 @@ from evoagent.archive.views import (
     operator_stats,
     rl_phases,
 )
+from evoagent.graph.diff import graph_diff
 from evoagent.graph.model import AgentGraph, LLMNode, LoopNode, ToolNode, VoteNode
 from evoagent.rl.schedule import Step, recorded
 
@@ -71,6 +74,7 @@ def write_report(run_dir: Path, out: Path | None = None, top: int = TOP) -> Path
             ("rl", "RL training", _figure(_rl(archive), "rl")),
             *([("schedule", "Schedule: each step's cost and gain", _schedule(steps))]
               if (steps := recorded(archive)) else []),
+            *([("code", "Tool code the agents rewrote", code)] if (code := _code(archive)) else []),
         ]
         title = f"evoagent report: {Path(run_dir).name}"
         summary = (f"{len(list_agents(archive))} agents, {len(archive.generations())} committed "
@@ -216,6 +220,30 @@ def _operators(archive: Archive) -> str:
     return ("<table id='operators'><thead><tr><th>operator</th><th>children</th><th>valid</th>"
             "<th>invalid</th><th>crashed</th><th>duplicate</th><th>improved</th><th>rate</th><th>tokens</th></tr>"
             f"</thead><tbody>{rows}</tbody></table>" + _figure(fig, "operator-rates"))
+
+
+def _code(archive: Archive, most: int = 20) -> str:
+    """The latest ``most`` code changes as diffs against the first parent, then the invalid
+    ``rewrite_tool`` children's reasons ('' when no agent changed code)."""
+    parts = []
+    for a in reversed(archive.agents()):
+        owned = a.graph is not None and any(isinstance(n, ToolNode) and n.source for n in a.graph.nodes)
+        if not owned or not a.parents or len(parts) >= most:
+            continue
+        parent = archive.graph(a.parents[0])
+        diff = graph_diff(parent, a.graph)  # type: ignore[arg-type]
+        text = [c.render() for c in diff.changes if c.field == "source"]
+        text += [f"+ new tool {n.id}:\n{n.source}" for n in a.graph.nodes  # type: ignore[union-attr]
+                 if isinstance(n, ToolNode) and n.source and n.id in diff.nodes_added]
+        if text:
+            parts.append(f"<h3>{html.escape(a.id)} ({html.escape(a.operator)} of {html.escape(a.parents[0])}, "
+                         f"{html.escape(a.status)})</h3><pre>{html.escape(chr(10).join(text))}</pre>")
+    failed = [a for a in archive.agents(operator="rewrite_tool") if a.status != "ok"]
+    if failed:
+        parts.append("<table id='code-invalid'><tr><th>child</th><th>why it was not kept</th></tr>" + "".join(
+            f"<tr><td>{html.escape(a.id)}</td><td style='text-align:left'>{html.escape(a.reason or a.status)}</td></tr>"
+            for a in failed[-most:]) + "</table>")
+    return "".join(parts)
 
 
 def _grid(archive: Archive, version: int) -> str:

@@ -229,6 +229,7 @@ class Breeder:
             history=lambda: self._trials(pool, version),
             evaluate=lambda graph, n: self._rewards_on_train(graph, n, rng),
             settings=settings,
+            sandbox=self.spec.sandbox,
         )
 
     async def _rewards_on_train(self, graph: AgentGraph, n: int, rng: random.Random) -> list[float]:

@@ -15,8 +15,10 @@ from evoagent.evolve.operators import REGISTRY, Operator
 
 def _load_builtins() -> None:
     from evoagent.evolve import (  # noqa: F401  (each registers its operators)
+        code_ops,
         edge_learning,
         insights,
+        instruction_search,
         param_search,
         prompt_ops,
         reasoning_ops,

@@ -52,6 +52,7 @@ from evoagent.rl.schedule import (
     make_schedule,
     recorded,
 )
+from evoagent.rl.shaping import EXPLORATION_KEY
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, task_data
 from evoagent.tools import ToolContext
@@ -90,6 +91,8 @@ class Search:
         self._spent_before = archive.usage()  # a resumed run's budget goes on from here
         self.insights = [Insight(t, v) for t, v in (archive.insights() or memory)]
         self.level = archive.meta(LEVEL_KEY) or 0  # the curriculum's (rl/curriculum.py)
+        if self.rl is not None and self.rl.explorer is not None:
+            self.rl.explorer.load(archive.meta(EXPLORATION_KEY) or {})
         rl = spec.rl
         self.schedule = make_schedule(rl.schedule, rl.every, rl.schedule_discount, rl.schedule_explore)
         self.steps = recorded(archive)
@@ -337,6 +340,8 @@ class Search:
         res = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance, reserve, reused)
         if res.archive:
             pending.trajectories.extend(("train", t, version) for t in res.rollouts)
+        if self.rl.explorer is not None:  # the bonus's counts, kept with the phase that made them
+            pending.meta[EXPLORATION_KEY] = self.rl.explorer.state()
         path, metrics = res.checkpoint, res.metrics
         skipped = ", ".join(
             f"{int(sum(s.get(f'skipped_{why}', 0) for s in metrics['per_step']))} ({meaning})"

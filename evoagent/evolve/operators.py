@@ -35,6 +35,7 @@ from evoagent.llm.backend import Backend
 from evoagent.llm.types import Usage
 from evoagent.registry import Registry
 from evoagent.spec.config import RunSpec
+from evoagent.tools.sandbox import SandboxConfig
 from evoagent.usercode import UserCode, preload, settle
 
 
@@ -100,6 +101,8 @@ class MutationContext:
             train inputs drawn with ``rng`` and returns their rewards (nothing is archived;
             the completions count toward the budget): for operators that search by trying
             (``learn_edges``).
+        sandbox: the task's sandbox limits, for an operator that runs the code it writes
+            (``rewrite_tool`` tries its new tool there before it returns the child).
         settings: the operator's settings from its task.yaml entry (``params``), validated
             against the model it registered (``mutation(..., settings=Model)``); None for an
             operator without settings.
@@ -118,6 +121,7 @@ class MutationContext:
     evaluate: Callable[[AgentGraph, int], Awaitable[list[float]]] = field(
         default=lambda g, n: _no_evaluate(g, n), repr=False)
     settings: Any = None
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 Check = Callable[[Sequence[AgentGraph], RunSpec], "str | None"]

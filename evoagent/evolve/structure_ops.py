@@ -54,18 +54,20 @@ def insert_tool(parents: Sequence[AgentGraph], ctx: MutationContext) -> AgentGra
     if not targets:
         raise MutationError(f"insert_tool: every llm node already sees {tool!r}")
     target = ctx.rng.choice(targets)
-    tid = fresh_id(graph, tool.split(":")[-1])
-    tnode = ToolNode(id=tid, tool=tool, template="{input}")
-    new_target = target.model_copy(
-        update={"template": target.template + f"\n\n{tool.split(':')[-1]} result: {{{tid}}}"}
-    )
-    edges = [*graph.edges, Edge(src=tid, dst=target.id)]
+    tnode = ToolNode(id=fresh_id(graph, tool.split(":")[-1]), tool=tool, template="{input}")
+    return insert_before(graph, target, tnode, tool.split(":")[-1])
+
+
+def insert_before(graph: AgentGraph, target: LLMNode, tool: ToolNode, label: str) -> AgentGraph:
+    """``tool`` runs on the input before ``target``, which is shown ``<label> result: ...``."""
+    new_target = target.model_copy(update={"template": target.template + f"\n\n{label} result: {{{tool.id}}}"})
+    edges = [*graph.edges, Edge(src=tool.id, dst=target.id)]
     entry = graph.entry
     if target.id == graph.entry:
-        entry = tid
+        entry = tool.id
     else:
-        edges.append(Edge(src=graph.entry, dst=tid))
-    nodes = [new_target if n.id == target.id else n for n in graph.nodes] + [tnode]
+        edges.append(Edge(src=graph.entry, dst=tool.id))
+    nodes = [new_target if n.id == target.id else n for n in graph.nodes] + [tool]
     return graph.model_copy(update={"nodes": tuple(nodes), "edges": tuple(edges), "entry": entry})
 
 

@@ -41,6 +41,7 @@ from evoagent.tasks.datasets import Example
 from evoagent.tasks.envs import Episode, make_episode
 from evoagent.tasks.extract import get_extractor
 from evoagent.tools import Tool, ToolContext, call_tool, make_tool
+from evoagent.tools.python_tool import program
 from evoagent.usercode import UserCode
 
 _ACTION = re.compile(r"Action:\s*([A-Za-z_][\w.:]*)\s*\[(.*?)\]", re.S)
@@ -189,7 +190,8 @@ async def _run(
             outputs[node_id] = [_vote(node, texts)]
         elif isinstance(node, ToolNode):
             arg = _fill(node.template, example.input, upstream)
-            outputs[node_id] = [await _call_tool(ctx, node.id, node.tool, arg, traj)]
+            run = program(node.source, arg) if node.source is not None else arg
+            outputs[node_id] = [await _call_tool(ctx, node.id, node.tool, arg, traj, run)]
         elif isinstance(node, LLMNode):
             user = _fill(node.template, example.input, upstream)
             outputs[node_id] = await _llm(node, user, ctx, seed, traj, clock)
@@ -250,9 +252,13 @@ def _llm_step(node: str, messages: tuple[Message, ...], g: Generation, seconds: 
     )
 
 
-async def _call_tool(ctx: ExecContext, node: str, name: str, arg: str, traj: Trajectory) -> str:
+async def _call_tool(
+    ctx: ExecContext, node: str, name: str, arg: str, traj: Trajectory, run: str | None = None
+) -> str:
+    """Call tool ``name`` with ``run`` (default ``arg``); the trajectory records ``arg``, what
+    the node was given (a tool with its own source runs a program built from it)."""
     t0 = time.perf_counter()
-    res = await call_tool(ctx.tool(name), arg, ctx.tool_ctx, ctx.tool_timeout_s)
+    res = await call_tool(ctx.tool(name), arg if run is None else run, ctx.tool_ctx, ctx.tool_timeout_s)
     traj.steps.append(
         ToolStep(node, name, arg, res.output, res.ok, res.error, time.perf_counter() - t0)
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 from evoagent.graph.model import AgentGraph
 
-TEXT_FIELDS = ("system", "template")
+TEXT_FIELDS = ("system", "template", "source")  # shown as unified diffs
 
 
 @dataclass(frozen=True)

@@ -43,12 +43,16 @@ class LLMNode(_Frozen):
 
 
 class ToolNode(_Frozen):
-    """Calls a registered tool with the rendered ``template`` as its argument."""
+    """Calls a registered tool with the rendered ``template`` as its argument. With ``source``
+    (tool ``python`` only) the agent owns the tool: its program, part of the graph and of its
+    content id, defines ``main(text: str) -> str`` and runs in the sandbox on the argument
+    (``rewrite_tool`` edits it)."""
 
     kind: Literal["tool"] = "tool"
     id: str = Field(pattern=NODE_ID)
     tool: str
     template: str
+    source: str | None = Field(None, description="python: a program defining main(text) -> str")
 
 
 class LoopNode(_Frozen):
@@ -86,7 +90,7 @@ class Edge(_Frozen):
     p: float | None = Field(None, ge=0, le=1, description="GPTSwarm-style edge probability")
 
 
-_LATER_FIELDS = ("env",)  # node fields left out of the canonical form while None (see canonical)
+_LATER_FIELDS = ("env", "source")  # node fields left out of the canonical form while None (see canonical)
 
 
 class AgentGraph(_Frozen):

@@ -7,6 +7,7 @@ or an upstream node, tools are registered, vote nodes have inputs, no empty prom
 
 from __future__ import annotations
 
+import ast
 import string
 from collections.abc import Collection
 
@@ -80,7 +81,21 @@ def _check_node(
             raise GraphError(f"node {node.id!r}: a loop plays either an env or tools, not both")
         if envs is not None and node.env not in envs:
             raise GraphError(f"node {node.id!r}: unknown env {node.env!r}; known: {sorted(envs)}")
+    if isinstance(node, ToolNode) and node.source is not None:
+        check_source(node)
     used = [node.tool] if isinstance(node, ToolNode) else list(getattr(node, "tools", ()))
     for tool in used:
         if tool not in tools and ":" not in tool:
             raise GraphError(f"node {node.id!r}: unknown tool {tool!r}; known: {sorted(tools)}")
+
+
+def check_source(node: ToolNode) -> None:
+    """A tool the agent owns: a python program that compiles and defines ``main``."""
+    if node.tool != "python":
+        raise GraphError(f"node {node.id!r}: source is a python program; tool must be 'python', not {node.tool!r}")
+    try:
+        tree = ast.parse(node.source or "", filename=f"<tool {node.id}>")
+    except SyntaxError as e:
+        raise GraphError(f"node {node.id!r}: source does not compile: {e.msg} (line {e.lineno})") from None
+    if not any(isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef) and d.name == "main" for d in tree.body):
+        raise GraphError(f"node {node.id!r}: source defines no main(text) function")

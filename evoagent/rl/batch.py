@@ -200,6 +200,7 @@ def episode_advantages(
     trajectories: Sequence[Trajectory],
     group_of: Callable[[Trajectory], Hashable],
     cfg: RLConfig,
+    bonus: Sequence[float] | None = None,
 ) -> tuple[list[LLMStep], list[float], list[int]]:
     """Flat LLM steps to train, one advantage per step, and the index of each step's
     trajectory (for ``build_batch``'s ``episodes``), from scored trajectories.
@@ -210,7 +211,8 @@ def episode_advantages(
     rows. With ``cfg.dynamic_sampling`` a group is dropped when its returns are all equal and all
     of its step advantages are 0 (DAPO; for episode-level estimators the second half follows from
     the first, for GiGPO it keeps groups whose step level still has signal). With
-    ``cfg.overlong`` each episode's reward first gets DAPO's overlong penalty (``rl.shaping``).
+    ``cfg.overlong`` each episode's reward first gets DAPO's overlong penalty, and ``bonus``
+    (one per trajectory: an exploration bonus) is added to it (``rl.shaping``).
 
     ``cfg.algorithm == "rft"``: per group, the ``rft_top_k`` episodes with the highest reward > 0
     (earlier first on ties) keep all their steps, each with advantage 1.0; no estimator runs.
@@ -225,6 +227,8 @@ def episode_advantages(
     rewards = [float(t.reward) for t in trajectories if t.reward is not None]  # (E,)
     if cfg.overlong is not None:
         rewards = [r + overlong_penalty(t.completion_tokens, cfg.overlong) for r, t in zip(rewards, trajectories)]
+    if bonus is not None:
+        rewards = [r + b for r, b in zip(rewards, bonus, strict=True)]
 
     group_ids: dict[Hashable, int] = {}
     anchor_ids: dict[str, int] = {}

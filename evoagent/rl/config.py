@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from evoagent.rl.advantages import AdvantageConfig, known_advantages
 from evoagent.rl.losses import LossConfig, known_aggregations, known_policy_losses
 from evoagent.rl.schedule import known_schedules
+from evoagent.rl.shaping import known_explorers
 
 RFT = "rft"  # rejection-sampling fine-tuning: not an advantage estimator, see ``algorithm``
 DPO = "dpo"  # preference pairs from the archive: not an advantage estimator either
@@ -57,6 +58,23 @@ class OverlongConfig(BaseModel):
             raise ValueError(f"buffer: {self.buffer} is larger than max_tokens {self.max_tokens}; "
                              "the penalty starts max_tokens - buffer tokens in")
         return self
+
+
+class ExplorationConfig(BaseModel):
+    """An exploration bonus on the reward RL trains on (rl/shaping.py), never on scoring."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field("count", description="rl.shaping explorer key: 'count', beta / sqrt(visits) "
+                      "of each observation (node and what it was shown) an episode reached")
+    beta: float = Field(0.1, gt=0, description="the bonus of a never-seen observation")
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        if v not in known_explorers():
+            raise ValueError(f"unknown exploration kind {v!r}; known: {known_explorers()}")
+        return v
 
 
 class RLConfig(BaseModel):
@@ -170,6 +188,11 @@ class RLConfig(BaseModel):
     )
     elite: int = Field(1, ge=1, description="top agents whose trajectories are trained on")
     curriculum: CurriculumConfig = CurriculumConfig()
+    exploration: ExplorationConfig | None = Field(
+        None, description="a bonus for rarely seen observations, added to each episode's reward "
+        "while RL trains (never in evaluation), so groups that all miss a sparse goal still "
+        "differ: {kind: count, beta}; none = off",
+    )
     overlong: OverlongConfig | None = Field(
         None, description="DAPO's soft overlong punishment on the reward RL trains on (never on "
         "scoring): {max_tokens, buffer}; none = off",
@@ -255,10 +278,11 @@ class RLConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _overlong_needs_advantages(self) -> RLConfig:
-        if self.overlong is not None and self.algorithm in (RFT, DPO):
-            raise ValueError(f"overlong shapes the reward an advantage estimator sees; {self.algorithm} "
-                             "keeps or pairs episodes by the task's own reward: drop rl.overlong")
+    def _shaping_needs_advantages(self) -> RLConfig:
+        for name in ("overlong", "exploration"):
+            if getattr(self, name) is not None and self.algorithm in (RFT, DPO):
+                raise ValueError(f"{name} shapes the reward an advantage estimator sees; {self.algorithm} "
+                                 f"keeps or pairs episodes by the task's own reward: drop rl.{name}")
         return self
 
     @property

@@ -33,6 +33,7 @@ from evoagent.rl.batch import build_batch, episode_advantages, preference_pairs
 from evoagent.rl.config import DPO, RFT, RLConfig
 from evoagent.rl.curriculum import draw_inputs, success_rates
 from evoagent.rl.policy import attach_lora
+from evoagent.rl.shaping import make_explorer
 from evoagent.rl.trainer import Trainer
 from evoagent.spec.config import RewardConfig
 from evoagent.tasks.datasets import Example
@@ -62,6 +63,16 @@ GroupOf = Callable[[Trajectory], tuple[str, ...]]
 def by_agent(t: Trajectory) -> tuple[str, ...]:
     """The usual GRPO group: one agent's samples on one input."""
     return (t.agent_id, t.input_id)
+
+
+def _signal_share(trajs: Sequence[Trajectory], group_of: GroupOf, bonus: Sequence[float] | None = None) -> float:
+    """The share of groups whose rewards (plus ``bonus``, one per trajectory) differ: the groups
+    a group-relative advantage learns from."""
+    extra = bonus if bonus is not None else [0.0] * len(trajs)
+    groups: dict[tuple[str, ...], set[float]] = {}
+    for t, b in zip(trajs, extra, strict=True):
+        groups.setdefault(group_of(t), set()).add(round((t.reward or 0.0) + b, 9))
+    return sum(len(r) > 1 for r in groups.values()) / max(len(groups), 1)
 
 
 def _inputs_with_signal(trajs: Sequence[Trajectory], group_of: GroupOf = by_agent) -> set[str]:
@@ -98,6 +109,7 @@ class RLPhase:
         self.seed = seed
         self.history = history
         self.trainer: Trainer | None = None
+        self.explorer = make_explorer(cfg.exploration.kind, cfg.exploration.beta) if cfg.exploration else None
         self._adapters: set[str] = set()  # per node: the adapters that existed before this phase
 
     def _trainer(self) -> Trainer:
@@ -216,9 +228,16 @@ class RLPhase:
             for t in trajs:
                 if t.skip is not None:
                     row[f"skipped_{t.skip}"] = row.get(f"skipped_{t.skip}", 0.0) + 1
+            row["group_signal_share"] = _signal_share(usable, group_of)
+            bonus = None
+            if self.explorer is not None:
+                self.explorer.observe([t for t in trajs if t.skip is None])
+                bonus = self.explorer.bonus(usable)
+                row["exploration_bonus_mean"] = sum(bonus) / max(len(bonus), 1)
+                row["shaped_group_signal_share"] = _signal_share(usable, group_of, bonus)
             per_step.append(row)
             try:
-                metrics = await self._step(trainer, usable, earlier, inputs, group_of)
+                metrics = await self._step(trainer, usable, earlier, inputs, group_of, bonus)
             except RLError as e:
                 raise RLError(f"RL step {step} of generation {generation}: {e}") from e
             if metrics is not None:
@@ -266,10 +285,11 @@ class RLPhase:
 
     async def _step(
         self, trainer: Trainer, usable: list[Trajectory], earlier: list[Trajectory],
-        inputs: Sequence[Example], group_of: GroupOf = by_agent,
+        inputs: Sequence[Example], group_of: GroupOf = by_agent, bonus: Sequence[float] | None = None,
     ) -> dict[str, float] | None:
         """One optimizer step on this step's samples (``earlier``: this phase's previous
-        rollouts, not archived yet); None when they carry no signal."""
+        rollouts, not archived yet; ``bonus``: an exploration bonus per sample); None when they
+        carry no signal."""
         pad = self.backend.pad_id
         if self.cfg.algorithm == DPO:
             ids = {ex.id for ex in inputs}
@@ -285,7 +305,7 @@ class RLPhase:
         if self.cfg.algorithm == RFT and self.history is not None:
             older = self.history([ex.id for ex in inputs])
             usable = usable + [t for t in older if t.skip is None and (t.reward or 0.0) >= 1.0]
-        steps, advs, eps = episode_advantages(usable, group_of, self.cfg)
+        steps, advs, eps = episode_advantages(usable, group_of, self.cfg, bonus)
         if not steps:
             return None  # every group had equal rewards: no gradient (DAPO dynamic sampling)
         return await asyncio.to_thread(trainer.train_step, build_batch(steps, advs, pad, eps))

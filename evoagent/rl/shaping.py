@@ -5,11 +5,30 @@ completions stay within ``max_tokens - buffer`` tokens keeps its reward; inside 
 ``buffer`` tokens the penalty grows linearly from 0 to 1; past ``max_tokens`` it is the full 1.
 A truncated answer is then told apart from a wrong one of sensible length, without the reward
 noise of scoring every cut-off episode as a plain failure.
+
+``exploration``: a bonus for reaching observations the policy has seen rarely, so that the
+groups of an environment whose goal no sample reaches yet (FrozenLake early on) still differ
+and give a gradient, towards the unvisited states (count-based exploration: Strehl & Littman
+2008; Bellemare et al. 2016; DigiRL and AMAGO train agents whose rewards are this sparse). The
+observation keys are GiGPO's anchors: the node and a hash of what it was shown. Kinds are a
+registry (``@explorer("name")``); the counts live in the archive, so a resumed run gives the
+bonuses the uninterrupted one would.
 """
 
 from __future__ import annotations
 
-from evoagent.rl.config import OverlongConfig
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from evoagent.errors import SpecError
+from evoagent.execute.trajectory import Trajectory
+from evoagent.registry import Registry
+
+if TYPE_CHECKING:
+    from evoagent.rl.config import OverlongConfig
+
+EXPLORATION_KEY = "exploration_counts"  # the archive's meta key of an explorer's state
 
 
 def overlong_penalty(tokens: int, cfg: OverlongConfig) -> float:
@@ -21,3 +40,56 @@ def overlong_penalty(tokens: int, cfg: OverlongConfig) -> float:
     if tokens <= cfg.max_tokens:
         return (soft - tokens) / cfg.buffer
     return -1.0
+
+
+class Explorer(Protocol):
+    """An exploration bonus: sees every RL episode, then says what each one earns on top of
+    its reward. Its state is plain JSON, kept in the archive with the phase that changed it."""
+
+    def observe(self, episodes: Sequence[Trajectory]) -> None: ...
+
+    def bonus(self, episodes: Sequence[Trajectory]) -> list[float]: ...
+
+    def state(self) -> dict[str, int]: ...
+
+    def load(self, state: Mapping[str, int]) -> None: ...
+
+
+_EXPLORERS: Registry[Callable[[float], Explorer]] = Registry("exploration", SpecError, field="rl.exploration.kind")
+explorer = _EXPLORERS.register  # ``@explorer("name")``: register ``cls(beta) -> Explorer``
+known_explorers = _EXPLORERS.names
+
+
+def make_explorer(kind: str, beta: float) -> Explorer:
+    """The explorer registered as ``kind``, scaled by ``beta``."""
+    return _EXPLORERS.get(kind)(beta)
+
+
+@explorer("count")
+class CountBonus:
+    """``beta / sqrt(N(s))`` for each observation ``s`` an episode's llm steps saw, averaged
+    over those steps, where ``N`` counts every RL episode's visits so far, this step's
+    included. An episode that reaches a state no one has seen earns up to ``beta``; one that
+    walks the usual path earns little, and less every phase."""
+
+    def __init__(self, beta: float) -> None:
+        self.beta = beta
+        self.counts: dict[str, int] = {}
+
+    def observe(self, episodes: Sequence[Trajectory]) -> None:
+        for t in episodes:
+            for s in t.llm_steps:
+                self.counts[s.anchor] = self.counts.get(s.anchor, 0) + 1
+
+    def bonus(self, episodes: Sequence[Trajectory]) -> list[float]:
+        out = []
+        for t in episodes:
+            seen = [self.counts.get(s.anchor, 0) for s in t.llm_steps]
+            out.append(self.beta * sum(1 / math.sqrt(max(n, 1)) for n in seen) / len(seen) if seen else 0.0)
+        return out
+
+    def state(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def load(self, state: Mapping[str, int]) -> None:
+        self.counts = {str(k): int(v) for k, v in state.items()}

@@ -59,11 +59,14 @@ class TextArenaEpisode:
     Observations after the first keep only what changed: the ``-train`` wrappers repeat the
     rules before every board, which would fill a small model's context in a few turns. The
     score is the game's reward when it ended (win 1, otherwise its own partial credit), and the
-    game's partial-credit function when the loop's turn budget ended it first.
+    game's partial-credit function when the loop's turn budget ended it first. Without
+    ``partial_credit`` only a win scores (1, else 0): the sparse reward of a goal.
     """
 
-    def __init__(self, env_id: str, seed: int) -> None:
+    def __init__(self, env_id: str, seed: int, partial_credit: bool = True) -> None:
         import textarena as ta
+
+        self.partial_credit = partial_credit
 
         self.env = ta.make(env_id)
         self._rng: Any = None
@@ -105,6 +108,10 @@ class TextArenaEpisode:
     def score(self) -> float:
         if self.rewards:
             value = float(next(iter(self.rewards.values())))
+            if not self.partial_credit:
+                value = float(value >= 1.0)
+        elif not self.partial_credit:
+            value = 0.0
         else:
             partial: Any = getattr(self.env.unwrapped, "_get_percentage_completion", None)
             value = float(partial()) if callable(partial) else 0.0
@@ -123,7 +130,8 @@ def _new_part(first: str, now: str) -> str:
 @environment("textarena")
 def _textarena(example: Example) -> Episode:
     try:
-        return TextArenaEpisode(str(example.meta["env_id"]), int(example.meta["seed"]))
+        return TextArenaEpisode(str(example.meta["env_id"]), int(example.meta["seed"]),
+                                bool(example.meta.get("partial_credit", True)))
     except KeyError as e:
         raise SpecError(
             f"env textarena: example {example.id!r} has no {e} in its meta "
@@ -134,7 +142,8 @@ def _textarena(example: Example) -> Episode:
 @dataset("textarena")
 def _textarena_games(cfg: DatasetConfig, seed: int, base_dir: Any) -> list[Example]:
     """``size`` seeded games of ``name`` (e.g. FrozenLake-v0-train); the input is the first
-    observation, so the usual splits and templates apply. Seeds start at ``seed * 100_000``."""
+    observation, so the usual splits and templates apply. Seeds start at ``seed * 100_000``.
+    Option ``partial_credit: false`` scores a win 1 and anything else 0."""
     try:
         import textarena as ta
     except ImportError:
@@ -149,9 +158,15 @@ def _textarena_games(cfg: DatasetConfig, seed: int, base_dir: Any) -> list[Examp
         raise SpecError(
             f"task.dataset.name: textarena cannot make {cfg.name!r} offline: {type(e).__name__}: {e}"
         ) from None
+    if unknown := set(cfg.options) - {"partial_credit"}:
+        raise SpecError(f"task.dataset.options: textarena knows only 'partial_credit', not {sorted(unknown)}")
+    partial = cfg.options.get("partial_credit", True)
+    if not isinstance(partial, bool):
+        raise SpecError(f"task.dataset.options.partial_credit: true or false, not {partial!r}")
     out = []
     for k in range(cfg.size):
         s = seed * 100_000 + k
         first = TextArenaEpisode(cfg.name, s).observation()
-        out.append(Example(f"{cfg.name}-{s}", first, "", {"env_id": cfg.name, "seed": s}))
+        meta = {"env_id": cfg.name, "seed": s, "partial_credit": partial}
+        out.append(Example(f"{cfg.name}-{s}", first, "", meta))
     return out

@@ -15,6 +15,12 @@ MAX_OUTPUT_CHARS = 2000
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 
+def program(source: str, argument: str) -> str:
+    """The program a tool node with its own ``source`` runs: the source, then ``main`` on the
+    argument (as a Python literal: no quoting can break out of it), its result printed."""
+    return f"{source}\n\nprint(main({argument!r}))\n"
+
+
 def strip_fences(text: str) -> str:
     """Return the first ```python fenced block of ``text``, or ``text`` itself if none."""
     match = _FENCE.search(text)

@@ -155,6 +155,8 @@ CASES = [
          r"examples, which only evolve\.cascade\.first_stage: train produces", GOOD + "rl: {reuse_search: true}\n"),
     Case("overlong-buffer-over-max-tokens", r"rl\.overlong: buffer: 30 is larger than max_tokens 20",
          GOOD + "rl: {overlong: {max_tokens: 20, buffer: 30}}\n"),
+    Case("unknown-exploration-kind", r"rl\.exploration\.kind: unknown exploration kind 'curiosity'; known: \['count'\]",
+         GOOD + "rl: {exploration: {kind: curiosity, beta: 0.1}}\n"),
     Case("unknown-loss", r"rl\.loss: unknown loss 'hinge'; known: \[", GOOD + "rl: {loss: hinge}\n"),
     Case("rl-on-untrainable-backend", r"rl\.enabled: policy\.kind 'scripted' cannot be trained.*\['hf', 'openai', 'vllm'\]",
          GOOD + "rl: {enabled: true}\n"),

@@ -197,6 +197,8 @@ async def seen(parents, ctx):
 class FakeRL:
     """An RL phase that trains nothing: each phase only bumps the weights version."""
 
+    explorer = None  # no exploration bonus
+
     def __init__(self, root: Path) -> None:
         self.root = root
 

@@ -19,6 +19,7 @@ from evoagent.evolve.loop import Search
 from evoagent.llm.scripted import ScriptedBackend
 from evoagent.report import write_report
 from evoagent.rl.schedule import RL, SEARCH, recorded
+from evoagent.rl.shaping import EXPLORATION_KEY, CountBonus
 from evoagent.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,8 @@ def solve(prompt: str) -> str:
 class FakeRL:
     """An RL phase that trains nothing (the policy's answers depend on the version it serves);
     it records the rollbacks it is asked for."""
+
+    explorer = None  # no exploration bonus
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -83,7 +86,8 @@ class Log(NullReporter):
             raise KeyboardInterrupt
 
 
-def run(tmp_path: Path, right_under, rl: str = "schedule: fixed", generations: int | str = 4, reporter=None):
+def run(tmp_path: Path, right_under, rl: str = "schedule: fixed", generations: int | str = 4, reporter=None,
+        fake_rl=FakeRL):
     """A search whose policy answers right exactly under the versions ``right_under`` accepts."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     text = SPEC.replace("GENERATIONS", str(generations)).replace("RL}", rl + "}")
@@ -93,7 +97,7 @@ def run(tmp_path: Path, right_under, rl: str = "schedule: fixed", generations: i
     spec = load_spec(tmp_path / "task.yaml").model_copy(update={"output": str(tmp_path / "pop")})
     policy = ScriptedBackend(handler=lambda r: solve(r.messages[-1]["content"])
                              if right_under(policy.weights_version) else "I think 7")
-    fake, log = FakeRL(tmp_path), reporter or Log()
+    fake, log = fake_rl(tmp_path), reporter or Log()
     with Archive(spec.run_dir) as archive:
         result = asyncio.run(Search(spec, policy, policy, archive, log, fake).run())
     return spec, result, fake, log
@@ -181,3 +185,26 @@ def test_a_train_screen_makes_the_searchs_episodes_training_data_for_the_next_ph
         assert {t.agent_id for t in fake.reused[gen]} == children[gen]
         assert {t.input_id for t in fake.reused[gen]} == screened[gen]
     assert all(e.n == 8 for e in full)  # passing children are scored on all of val
+
+
+class CountingRL(FakeRL):
+    """A fake phase with a real count explorer, which each phase feeds one visit."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.explorer = CountBonus(0.5)
+
+    async def train(self, elite, train, generation, *args, **kwargs):
+        self.explorer.counts[f"state-{generation}"] = generation
+        return await super().train(elite, train, generation, *args, **kwargs)
+
+
+def test_the_exploration_counts_live_in_the_archive_and_a_resumed_run_reads_them(tmp_path):
+    spec, _, fake, _ = run(tmp_path, lambda v: True, generations=3, fake_rl=CountingRL)
+    with Archive(spec.run_dir) as archive:
+        assert archive.meta(EXPLORATION_KEY) == {"state-1": 1, "state-2": 2} == fake.explorer.state()
+        policy = ScriptedBackend(handler=lambda r: "7")
+        resumed = CountingRL(tmp_path)
+        Search(spec, policy, policy, archive, Log(), resumed)
+    assert resumed.explorer.state() == {"state-1": 1, "state-2": 2}
+    assert resumed.explorer.bonus([]) == []

@@ -165,9 +165,9 @@ def test_oversampling_trains_where_the_samples_disagree(tiny_backend, tmp_path):
     trained: list[set[str]] = []
     step = rl._step
 
-    async def spy(trainer, usable, earlier, inputs, group_of):
+    async def spy(trainer, usable, earlier, inputs, group_of, bonus=None):
         trained.append({t.input_id for t in usable})
-        return await step(trainer, usable, earlier, inputs, group_of)
+        return await step(trainer, usable, earlier, inputs, group_of, bonus)
 
     rl._step = spy
     train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(12)]

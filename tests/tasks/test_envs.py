@@ -59,6 +59,24 @@ def test_a_loop_plays_the_episode_and_the_game_scores_it():
     assert "Welcome to Frozen Lake" not in moves[0].output
 
 
+def test_without_partial_credit_only_a_win_scores():
+    partial = games(4)
+    sparse = load_examples(DatasetConfig(kind="textarena", name="FrozenLake-v0-train", size=4,
+                                         options={"partial_credit": False}), 1, ROOT)
+    assert [e.input for e in sparse] == [e.input for e in partial]
+    moves = ["[down]", "[right]", "[down]", "[right]", "[down]", "[right]"]
+    with_credit = [play(moves, e)[0].env_reward for e in partial]
+    without = [play(moves, e)[0].env_reward for e in sparse]
+    assert without == [float(r >= 1.0) for r in with_credit]
+    assert any(0.0 < r < 1.0 for r in with_credit)  # the same walks earned partial credit
+    with pytest.raises(SpecError, match=r"task\.dataset\.options: textarena knows only 'partial_credit'"):
+        load_examples(DatasetConfig(kind="textarena", name="FrozenLake-v0-train", size=1,
+                                    options={"slippery": True}), 1, ROOT)
+    with pytest.raises(SpecError, match=r"task\.dataset\.options\.partial_credit: true or false"):
+        load_examples(DatasetConfig(kind="textarena", name="FrozenLake-v0-train", size=1,
+                                    options={"partial_credit": "no"}), 1, ROOT)
+
+
 def test_two_invalid_moves_end_the_game_with_zero():
     traj, _ = play(["no idea"], games(1)[0])
     assert traj.reward == 0.0 and len(traj.llm_steps) == 2
