@@ -6,7 +6,7 @@ commit it ran at (and whether evoagent/ or bench/ had uncommitted changes there)
 time. A campaign that is killed, or whose machine is lent to other work, is started again and
 runs only the missing cells. A campaign runs from a ``git worktree`` at one fixed commit, so
 work on main cannot change the code under it, while its cells are written into main's results
-folder (``--results``) and committed as they finish.
+folder (``--results``) and, with ``EVOAGENT_LAND_CELLS=1``, committed there as each finishes.
 
 The summary built from the cells names that commit; a cell from any other commit is reported
 as such (``plan``) and never mixed into a summary (``gather``). ``write_summary`` keeps, beside
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from code_graph import digest, manifest
 from results_io import STARTED
 
 ROOT = Path(__file__).resolve().parents[1]
+LAND = "EVOAGENT_LAND_CELLS"  # set: each finished cell is committed in the checkout it is written to
 
 
 @dataclass(frozen=True, order=True)
@@ -78,7 +80,24 @@ def write(folder: Path, cell: Cell, result: dict[str, Any], command: str, second
     tmp = dest.with_name(dest.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, dest)
+    if os.environ.get(LAND):
+        land(dest, f"{folder.name} cell {cell} (ran at {head[:10]})")
     return dest
+
+
+def land(path: Path, message: str, tries: int = 20) -> None:
+    """Commit ``path`` alone in the checkout that holds it (``git commit --only``: what anyone
+    staged for other paths stays staged), retrying while another git command holds the index."""
+    root = Path(_git(path.parent, "rev-parse", "--show-toplevel"))
+    for _ in range(tries):
+        add = subprocess.run(["git", "add", "--", str(path)], cwd=root, capture_output=True, text=True)
+        done = add.returncode == 0 and subprocess.run(
+            ["git", "commit", "-q", "--only", "-m", message, "--", str(path)], cwd=root, capture_output=True,
+            text=True).returncode == 0
+        if done:
+            return
+        time.sleep(3)
+    print(f"could not commit {path}: commit it by hand", flush=True)
 
 
 def read(folder: Path, cell: Cell) -> dict[str, Any] | None:

@@ -96,3 +96,24 @@ def test_a_campaign_summary_stands_until_a_cell_changes_or_its_commit_leaves_his
     assert cells.campaign_problems(dest, record) == ["its cell schedule/gcd/fixed-s0.json changed since the summary"]
     gone = record | {"commit": "0" * 40}
     assert "its commit 0000000000 is not in HEAD's history" in cells.campaign_problems(dest, gone)
+
+
+def test_a_landed_cell_is_committed_alone_and_other_staged_work_stays_staged(tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "start")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "t")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "t@t")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "t")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@t")
+    (tmp_path / "work.py").write_text("x = 1\n")
+    git("add", "work.py")  # someone's staged work
+    monkeypatch.setenv(cells.LAND, "1")
+    finish(tmp_path / "results", cells.Cell("gcd", "joint", 0), {"q": 1.0})
+    assert git("log", "-1", "--name-only", "--format=%s").split() == [
+        "results", "cell", "gcd/joint-s0", "(ran", "at", "ffffffffff)", "results/gcd/joint-s0.json"]
+    assert git("diff", "--cached", "--name-only").split() == ["work.py"]
