@@ -75,6 +75,13 @@ def _signal_share(trajs: Sequence[Trajectory], group_of: GroupOf, bonus: Sequenc
     return sum(len(r) > 1 for r in groups.values()) / max(len(groups), 1)
 
 
+def _row(step: int, usable: Sequence[Trajectory], spread: set[str]) -> dict[str, float]:
+    """A step's metrics row: its samples' mean reward and accuracy, and the inputs with signal."""
+    rewards = [t.reward or 0.0 for t in usable] or [0.0]
+    return {"step": float(step), "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "inputs_with_signal": float(len(spread))}
+
+
 def _inputs_with_signal(trajs: Sequence[Trajectory], group_of: GroupOf = by_agent) -> set[str]:
     """Inputs on which some group's rewards differ: the only ones a group-relative advantage
     learns from."""
@@ -211,16 +218,9 @@ class RLPhase:
             earlier = list(rollouts)
             rollouts.extend(trajs)
             usable = [t for t in trajs if t.skip is None]
-            rewards = [t.reward or 0.0 for t in usable] or [0.0]
             spread = _inputs_with_signal(usable, group_of)
-            row: dict[str, float] = {
-                "step": float(step),
-                "reward_mean": sum(rewards) / len(rewards),
-                "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-                "inputs_with_signal": float(len(spread)),
-                "inputs_spread_by_reserve": float(len(spread & flat)),
-                **{f"skipped_{why}": 0.0 for why in SKIPS},
-            }
+            row = _row(step, usable, spread) | {"inputs_spread_by_reserve": float(len(spread & flat)),
+                                                **{f"skipped_{why}": 0.0 for why in SKIPS}}
             if self.cfg.oversample > 1:  # train on the inputs where the samples disagree
                 inputs = [ex for ex in inputs if ex.id in spread][: self.cfg.inputs_per_step]
                 kept = {ex.id for ex in inputs}
@@ -271,13 +271,9 @@ class RLPhase:
         metrics = await self._step(trainer, usable, [], [ex for ex in train if ex.id in ids], group_of)
         if metrics is None:
             return None
-        rewards = [t.reward or 0.0 for t in usable]
         per_episode = sum(len(t.llm_steps) for t in usable) / len(usable)
         fresh = min(self.cfg.inputs_per_step * self.cfg.oversample, len(train)) * self.cfg.group_size
-        return {
-            "step": 0.0, "reward_mean": sum(rewards) / len(rewards),
-            "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-            "inputs_with_signal": float(len(_inputs_with_signal(usable, group_of))),
+        return _row(0, usable, _inputs_with_signal(usable, group_of)) | {
             "reused_samples": float(len(usable)),
             "requests_saved": fresh * self.cfg.elite * per_episode,
             **metrics,

@@ -1,11 +1,10 @@
 """When the joint loop trains the weights: ``rl.schedule``, chosen after each search generation.
 
 Every step of a run is a search generation or an RL phase. The loop writes each finished step
-to the archive as a ``Step``: what it cost, in completions the models generated, and what it
-gained, as the best val score after it minus the best before, under the weights that follow it.
-(Completions asked for, cache hits included: a resumed run, whose cache starts empty, counts
-the same.) A schedule reads that record and says whether an RL phase follows the search generation that
-just ended. The record is the only state, so a resumed run decides exactly as the killed one
+to the archive as a ``Step``: what it cost, in completions asked of the models (cache hits
+included, so a resumed run, whose cache starts empty, counts the same), and what it gained, as
+the best val score after it minus the best before, under the weights that follow it. A schedule
+reads that record and says whether an RL phase follows the search generation that just ended. The record is the only state, so a resumed run decides exactly as the killed one
 would have.
 
 - ``fixed``: a phase every ``rl.every`` generations, whatever it gained.
