@@ -127,6 +127,9 @@ def run_search(spec: Any) -> dict[str, Any]:
         def log(self, message: str) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
+    from evoagent.archive.views import rl_phases
+    from evoagent.rl.schedule import recorded
+
     start = time.perf_counter()
     result = asyncio.run(runner.run(spec, Log()))
     with Archive(result.run_dir, write=False) as archive:
@@ -137,6 +140,9 @@ def run_search(spec: Any) -> dict[str, Any]:
             for a in archive.agents(operator="seed")
             if a.graph
         }
+        steps = recorded(archive)
+        phases = [{"weights_version": p["weights_version"], "generation": p["generation"],
+                   "rolled_back": bool(p.get("rolled_back"))} for p in rl_phases(archive)]
     assert graph is not None
     return {
         "test": result.test,
@@ -149,6 +155,11 @@ def run_search(spec: Any) -> dict[str, Any]:
         "best_graph": graph.model_dump(mode="json"),
         "seed_vals": seeds,
         "per_input": {t.input_id: float(t.reward or 0.0) for t in tests},
+        # the joint loop's steps: each search generation and RL phase, what it cost and gained
+        "steps": [st.to_json() for st in steps],
+        "phases": phases,
+        "rl_share": round(sum(st.requests for st in steps if st.kind == "rl") / max(sum(st.requests for st in steps), 1), 3),
+        "ended_on": steps[-1].kind if steps else None,
     }
 
 
@@ -327,7 +338,8 @@ def markdown(figures: dict[str, Any]) -> str:
         inputs = sorted(set(t["test_inputs"].values()))
         lines.append(
             f"- {task}: `{t['command']}`; seeds {t['seeds']}, {'/'.join(map(str, inputs))} test "
-            f"inputs each; mutator {t['mutator']}, joint's schedule {t['schedule']}, policy {t['policy']}, "
+            f"inputs each; mutator {t['mutator']}, joint's schedule {t['schedule']} (its last step: "
+            f"{'/'.join(t['joint_ended_on']) or '-'}), policy {t['policy']}, "
             f"operator policy {t['operator_policy']}; wall-clock cap bound in {t['capped'] or 'no cell'}; "
             f"{t['machine']}; "
             + ", ".join(f"{k} {val}" for k, val in t["versions"].items())
@@ -506,6 +518,7 @@ def summarize_campaign(args: argparse.Namespace, tasks: dict[str, str], grid: li
             "command": "python bench/headline.py " + " ".join(sys.argv[1:]),
             "mutator": first.get("mutator", "the task's"),
             "schedule": joint[0].get("schedule") if joint else None,
+            "joint_ended_on": sorted({str(r.get("ended_on")) for r in joint}),  # "search": on the program
             "capped": sorted(str(c) for c, r in mine.items() if r.get("capped")),
             "policy": args.policy or "the task's",
             "operator_policy": args.operator_policy or "the task's",

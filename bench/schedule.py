@@ -71,28 +71,12 @@ def spec_for(task: str, arm: str, seed: int, budget: int, out: Path) -> Any:
 
 
 def run_cell(task: str, arm: str, seed: int, budget: int) -> dict[str, Any]:
-    """One cell in this process: the run (resumed if its archive exists), then its figures."""
+    """One cell in this process (the run resumed if its archive exists), with its steps."""
     sys.path.insert(0, str(Path(__file__).parent))
     from headline import run_search
 
-    from evoagent.archive.store import Archive
-    from evoagent.archive.views import rl_phases
-    from evoagent.rl.schedule import recorded
-    
     spec = spec_for(task, arm, seed, budget, WORK / Path(task).parent.name)
-    out = run_search(spec)
-    with Archive(spec.run_dir, write=False) as a:
-        steps = recorded(a)
-        phases = [{"weights_version": p["weights_version"], "generation": p["generation"],
-                   "rolled_back": bool(p.get("rolled_back"))} for p in rl_phases(a)]
-    return out | {
-        "budget": budget,
-        "steps": [s.to_json() for s in steps],
-        "phases": phases,
-        "rl_share": round(sum(s.requests for s in steps if s.kind == "rl")
-                          / max(sum(s.requests for s in steps), 1), 3),
-        "ended_on": steps[-1].kind if steps else None,
-    }
+    return run_search(spec) | {"budget": budget}
 
 
 def campaign(task_names: list[str], seeds: list[int]) -> list[cells.Cell]:

@@ -129,6 +129,17 @@ def run_cell(cell: cells.Cell) -> dict[str, Any]:
     return run_search(spec)
 
 
+def screened(key: str, work: Path) -> list[str]:
+    """The screening questions of a candidate level (``gcd-L0``): what a later test split of
+    that task must not hold (``task.splits.exclude``). Drawn as the screen drew them; no model."""
+    from evoagent.spec import load_spec
+    from evoagent.tasks.datasets import task_data
+
+    candidate, level = key.rsplit("-L", 1)
+    spec = load_spec(write_task(candidate, int(level), "seed", work))
+    return [e.input for e in task_data(spec.task, spec.seed, Path(spec.base_dir))[1]["test"]]
+
+
 def fixes(seed: dict[str, float], half: dict[str, float]) -> set[str]:
     """Inputs the seed got wrong and the half got right."""
     return {i for i, r in half.items() if r >= 1.0 and seed.get(i, 0.0) < 1.0}

@@ -43,3 +43,11 @@ def test_every_candidate_level_is_a_valid_task(candidate, tmp_path):
             check_spec(spec)
             assert spec.task.splits.test == split_screen.SCREEN and spec.seed == split_screen.SEED
             assert (spec.evolve.children == 0) == (row == "rl") and spec.rl.enabled == (row == "rl")
+
+
+def test_the_screened_questions_are_the_screens_test_split(tmp_path):
+    """What a headline task excludes is exactly what the screen scored (128 questions)."""
+    questions = split_screen.screened("gcd-L0", tmp_path)
+    assert len(questions) == split_screen.SCREEN == len(set(questions))
+    assert all(q.startswith("Find the Greatest Common Divisor") for q in questions)
+    assert questions == split_screen.screened("gcd-L0", tmp_path / "again")
