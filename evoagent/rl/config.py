@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from evoagent.rl.advantages import AdvantageConfig, known_advantages
 from evoagent.rl.losses import LossConfig, known_aggregations, known_policy_losses
 from evoagent.rl.schedule import known_schedules
-from evoagent.rl.shaping import known_explorers
+from evoagent.rl.shaping import ExplorationConfig, OverlongConfig
 
 RFT = "rft"  # rejection-sampling fine-tuning: not an advantage estimator, see ``algorithm``
 DPO = "dpo"  # preference pairs from the archive: not an advantage estimator either
@@ -39,42 +39,6 @@ class CurriculumConfig(BaseModel):
         "the train split moves up one level after a phase whose rollout accuracy reaches promote_at",
     )
     promote_at: float = Field(0.6, ge=0, le=1, description="rollout accuracy that moves the train split up a level")
-
-
-class OverlongConfig(BaseModel):
-    """DAPO's soft overlong punishment (rl/shaping.py): the reward RL trains on loses up to 1
-    as an episode's completion tokens enter the last ``buffer`` before ``max_tokens``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_tokens: int = Field(ge=1, description="completion tokens of an episode (all its llm steps) "
-                            "beyond which the whole penalty of 1 applies")
-    buffer: int = Field(ge=1, description="the last tokens before max_tokens over which the "
-                        "penalty rises linearly from 0 to 1")
-
-    @model_validator(mode="after")
-    def _buffer_fits(self) -> OverlongConfig:
-        if self.buffer > self.max_tokens:
-            raise ValueError(f"buffer: {self.buffer} is larger than max_tokens {self.max_tokens}; "
-                             "the penalty starts max_tokens - buffer tokens in")
-        return self
-
-
-class ExplorationConfig(BaseModel):
-    """An exploration bonus on the reward RL trains on (rl/shaping.py), never on scoring."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: str = Field("count", description="rl.shaping explorer key: 'count', beta / sqrt(visits) "
-                      "of each observation (node and what it was shown) an episode reached")
-    beta: float = Field(0.1, gt=0, description="the bonus of a never-seen observation")
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, v: str) -> str:
-        if v not in known_explorers():
-            raise ValueError(f"unknown exploration kind {v!r}; known: {known_explorers()}")
-        return v
 
 
 class RLConfig(BaseModel):

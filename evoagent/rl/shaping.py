@@ -19,16 +19,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evoagent.errors import SpecError
 from evoagent.execute.trajectory import Trajectory
 from evoagent.registry import Registry
 
-if TYPE_CHECKING:
-    from evoagent.rl.config import OverlongConfig
-
 EXPLORATION_KEY = "exploration_counts"  # the archive's meta key of an explorer's state
+
+
+class OverlongConfig(BaseModel):
+    """DAPO's soft overlong punishment (rl/shaping.py): the reward RL trains on loses up to 1
+    as an episode's completion tokens enter the last ``buffer`` before ``max_tokens``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(ge=1, description="completion tokens of an episode (all its llm steps) "
+                            "beyond which the whole penalty of 1 applies")
+    buffer: int = Field(ge=1, description="the last tokens before max_tokens over which the "
+                        "penalty rises linearly from 0 to 1")
+
+    @model_validator(mode="after")
+    def _buffer_fits(self) -> OverlongConfig:
+        if self.buffer > self.max_tokens:
+            raise ValueError(f"buffer: {self.buffer} is larger than max_tokens {self.max_tokens}; "
+                             "the penalty starts max_tokens - buffer tokens in")
+        return self
 
 
 def overlong_penalty(tokens: int, cfg: OverlongConfig) -> float:
@@ -40,6 +58,23 @@ def overlong_penalty(tokens: int, cfg: OverlongConfig) -> float:
     if tokens <= cfg.max_tokens:
         return (soft - tokens) / cfg.buffer
     return -1.0
+
+
+class ExplorationConfig(BaseModel):
+    """An exploration bonus on the reward RL trains on (rl/shaping.py), never on scoring."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field("count", description="rl.shaping explorer key: 'count', beta / sqrt(visits) "
+                      "of each observation (node and what it was shown) an episode reached")
+    beta: float = Field(0.1, gt=0, description="the bonus of a never-seen observation")
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        if v not in known_explorers():
+            raise ValueError(f"unknown exploration kind {v!r}; known: {known_explorers()}")
+        return v
 
 
 class Explorer(Protocol):
