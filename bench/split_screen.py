@@ -6,7 +6,8 @@ the embedded SmolLM2-135M-Instruct with the `direct` seed agent and no tool, one
 
 1. ``seed``: the seed agent scored on the screening inputs (the test split, 128 inputs). A level
    of the generator's options is kept when the seed scores between 0.05 and 0.5 there;
-   otherwise the next (easier or harder) level is tried, up to the candidate's last.
+   otherwise, when the seed scored above 0.5, the next (harder) level is tried, up to the
+   candidate's last; a level too hard already ends the ladder.
 2. ``evolve`` (program search alone) and ``rl`` (GRPO phases alone, ``evolve.children: 0``) at
    the same budget of model completions, each testing its best agent on the same inputs.
 
@@ -44,7 +45,7 @@ BUDGET = 1000  # completions per half
 LOW, HIGH = 0.05, 0.5
 SCREEN = 128  # screening inputs (the test split of these runs)
 
-# name -> (generator, description, levels of its options, first to last)
+# name -> (generator, description, levels of its options, easiest first)
 CANDIDATES: dict[str, tuple[str, str, list[dict[str, Any]]]] = {
     "leg_counting": ("leg_counting", "Count the legs of the animals listed. The answer is one whole number.",
                      [{"min_animals": 1, "max_animals": 2, "max_instances": 2},
@@ -174,6 +175,13 @@ def markdown(figures: dict[str, Any]) -> str:
         t = figures["tasks"][name]
         lines.append(f"| {name} | {t['level']} | {t['seed']:.3f} | {t['evolve']:.3f} | {t['rl']:.3f} | "
                      f"{t['evolve_fixes']} | {t['rl_fixes']} | {t['both_fix']} | {t['union_minus_max']} |")
+    out = [k for k in figures.get("probes", {}) if k.rsplit("-L", 1)[0] not in figures["tasks"]]
+    if out:
+        lines += ["", "Left out (the seed outside 0.05-0.5 at every level tried): " + ", ".join(
+            f"{k} {figures['probes'][k]:.3f}" for k in out) + "."]
+    lines += ["", f"Chosen for the headline: {', '.join(figures['chosen'])}; "
+              f"{figures['screen_inputs']} screening inputs, {figures['budget']} completions per half, "
+              f"cells at commit {figures['commit'][:10]}."]
     return "\n".join(lines) + "\n"
 
 
@@ -210,14 +218,18 @@ def main() -> None:
         head, dirty = cells.commit()
         get = lambda cell: screen(args, cell, head, dirty)  # noqa: E731
     chosen: dict[str, str] = {}
+    probes: dict[str, float] = {}  # every level tried: the seed's score there
     for name in names:
         for level in range(len(CANDIDATES[name][2])):
             key = f"{name}-L{level}"
             seed = get(cells.Cell(key, "seed", SEED))
-            score = sum(seed["per_input"].values()) / len(seed["per_input"])
+            score = probes[key] = round(sum(seed["per_input"].values()) / len(seed["per_input"]), 3)
             print(f"{key}: the seed scores {score:.3f} on the {SCREEN} screening inputs", flush=True)
             if LOW <= score <= HIGH:
                 chosen[name] = key
+                break
+            if score < LOW:  # the levels only get harder from here
+                print(f"{name}: too hard at level {level}; left out", flush=True)
                 break
         else:
             print(f"{name}: no level puts the seed between {LOW} and {HIGH}; left out", flush=True)
@@ -229,10 +241,9 @@ def main() -> None:
     for key in chosen.values():
         for row in ("seed", "evolve", "rl"):
             got[cells.Cell(key, row, SEED)] = get(cells.Cell(key, row, SEED))
-    tried = [cells.Cell(f"{n}-L{lv}", "seed", SEED) for n in names for lv in range(len(CANDIDATES[n][2]))
-             if cells.read(args.results, cells.Cell(f"{n}-L{lv}", "seed", SEED)) is not None]
+    tried = [cells.Cell(key, "seed", SEED) for key in probes]
     at = next(iter(got.values()))["commit"] if got else cells.commit()[0]
-    figures = summarize(got, chosen) | {"commit": at}
+    figures = summarize(got, chosen) | {"commit": at, "probes": probes}
     used = sorted(set(tried) | set(got))
     cells.write_summary(args.results.parent / "split_screen.json", figures, args.results, used, at, Path(__file__))
     (args.results.parent / "split_screen.md").write_text(markdown(figures))

@@ -23,12 +23,16 @@ def test_fixes_overlap_and_what_joint_could_add():
     key = "gcd-L0"
     got = {cells.Cell(key, row, split_screen.SEED): {"per_input": v, "calls": 10}
            for row, v in (("seed", seed), ("evolve", evolve), ("rl", rl))}
-    figures = split_screen.summarize(got, {"gcd": key})
+    figures = split_screen.summarize(got, {"gcd": key}) | {
+        "commit": "f" * 40, "probes": {"gcd-L0": 0.2, "leg_counting-L0": 0.0}}
     t = figures["tasks"]["gcd"]
     assert (t["seed"], t["evolve"], t["rl"]) == (0.2, 0.4, 0.4)
     assert (t["evolve_fixes"], t["rl_fixes"], t["both_fix"]) == (3, 2, 1)
     assert t["union_minus_max"] == 1 and t["union_minus_max_share"] == 0.1  # {q2..q5} minus 3
-    assert figures["chosen"] == ["gcd"] and "| gcd | 0 | 0.200 | 0.400 | 0.400 | 3 | 2 | 1 | 1 |" in split_screen.markdown(figures)
+    table = split_screen.markdown(figures)
+    assert figures["chosen"] == ["gcd"] and "| gcd | 0 | 0.200 | 0.400 | 0.400 | 3 | 2 | 1 | 1 |" in table
+    assert "Left out (the seed outside 0.05-0.5 at every level tried): leg_counting-L0 0.000." in table
+    assert "Chosen for the headline: gcd;" in table
 
 
 @pytest.mark.parametrize("candidate", sorted(split_screen.CANDIDATES))
