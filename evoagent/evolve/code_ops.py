@@ -7,8 +7,9 @@ template. ``rewrite_tool`` shows the mutator that program with the failing execu
 called it (what the tool received and returned, the agent's answer, the expected one) and asks
 for a corrected program; or, with probability ``insert``, for a new tool of that kind before an
 llm node. The new program must compile, define ``main`` and run without crashing in the sandbox
-on a failing input, under the task's limits; otherwise the child is archived as invalid with
-the error. ``evoagent archive diff`` and the report show the change as a unified diff.
+on an input the tool was given (a failing one first), under the task's limits; otherwise the
+child is archived as invalid with the error. ``evoagent archive diff`` and the report show the
+change as a unified diff.
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ async def rewrite_tool(parents: Sequence[AgentGraph], ctx: MutationContext) -> A
             raise MutationError(f"rewrite_tool: the mutator returned the program of {node.id!r} unchanged")
         node = node.model_copy(update={"source": source})
         child = graph.replace_node(node)
-        arguments = [_argument(s.shown) for f in ctx.failures for s in f.steps if s.node == node.id]
-    await _try(node, arguments[:1] or ["1"], ctx)
+        seen = [*ctx.failures, *ctx.successes]  # what the tool was given, failures first
+        arguments = [_argument(s.shown) for f in seen for s in f.steps if s.node == node.id]
+    await _try(node, arguments[:1], ctx)
     return child
 
 
@@ -127,7 +129,9 @@ async def _ask(ctx: MutationContext, prompt: str) -> str:
 
 
 async def _try(node: ToolNode, arguments: Sequence[str], ctx: MutationContext) -> None:
-    """The new program compiles, defines ``main`` and runs in the sandbox on a failing input."""
+    """The new program compiles, defines ``main`` and runs in the sandbox on ``arguments``
+    (one the tool was given: a failing execution's if there is one; none when no execution
+    reached the tool, and then it is only compiled)."""
     try:
         check_source(node)
     except GraphError as e:
@@ -136,5 +140,5 @@ async def _try(node: ToolNode, arguments: Sequence[str], ctx: MutationContext) -
         result = await run_python(program(node.source or "", argument), ctx.sandbox)
         if not result.ok:
             detail = (result.stderr.strip().splitlines() or [result.reason or ""])[-1]
-            raise MutationError(f"rewrite_tool: the new program of {node.id!r} fails in the sandbox on a "
-                                f"failing input ({result.status}): {detail[:300]}")
+            raise MutationError(f"rewrite_tool: the new program of {node.id!r} fails in the sandbox on an "
+                                f"input the tool was given ({result.status}): {detail[:300]}")
