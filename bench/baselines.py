@@ -21,6 +21,7 @@ import asyncio
 import math
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from evoagent.execute.evaluate import Evaluation, LocalEvaluator
@@ -32,7 +33,7 @@ from evoagent.llm.factory import make_backend, make_backends
 from evoagent.llm.hardware import resolve_device, resolve_dtype
 from evoagent.llm.types import GenerationRequest, Message
 from evoagent.spec.config import RunSpec
-from evoagent.tasks.datasets import Example, load_examples, split
+from evoagent.tasks.datasets import Example, task_data
 from evoagent.tasks.rewards import score
 from evoagent.tools import ToolContext
 
@@ -41,8 +42,8 @@ REFLECTION_TEMPERATURE = 0.8
 
 
 def splits_of(spec: RunSpec) -> dict[str, list[Example]]:
-    examples = load_examples(spec.task.dataset, spec.seed, spec.resolve("."))
-    return split(examples, spec.task.splits, spec.seed)
+    """The run's splits exactly as evoagent draws them (``splits.test_seed``, ``exclude``)."""
+    return task_data(spec.task, spec.seed, Path(spec.base_dir))[1]
 
 
 def per_input(ev: Evaluation) -> dict[str, float]:

@@ -87,16 +87,19 @@ def write(folder: Path, cell: Cell, result: dict[str, Any], command: str, second
 
 def land(path: Path, message: str, tries: int = 20) -> None:
     """Commit ``path`` alone in the checkout that holds it (``git commit --only``: what anyone
-    staged for other paths stays staged), retrying while another git command holds the index."""
+    staged for other paths stays staged), retrying while another git command holds the index;
+    on any other failure the file is unstaged again and left for a person to commit."""
     root = Path(_git(path.parent, "rev-parse", "--show-toplevel"))
     for _ in range(tries):
         add = subprocess.run(["git", "add", "--", str(path)], cwd=root, capture_output=True, text=True)
-        done = add.returncode == 0 and subprocess.run(
-            ["git", "commit", "-q", "--only", "-m", message, "--", str(path)], cwd=root, capture_output=True,
-            text=True).returncode == 0
-        if done:
+        done = add if add.returncode else subprocess.run(
+            ["git", "commit", "-q", "--only", "-m", message, "--", str(path)], cwd=root, capture_output=True, text=True)
+        if done.returncode == 0:
             return
+        if "index.lock" not in done.stderr:
+            break
         time.sleep(3)
+    subprocess.run(["git", "reset", "-q", "--", str(path)], cwd=root, capture_output=True)
     print(f"could not commit {path}: commit it by hand", flush=True)
 
 

@@ -475,7 +475,9 @@ def main() -> None:
     args.model = tiny_model(work / "tiny-model") if args.quick else None
     try:
         for cell in grid:
-            data = run_cell(tasks[cell.task], cell, args, work) if cell in todo.missing else cells.read(args.cells, cell)
+            data = cells.read(args.cells, cell)
+            if cell in todo.missing or mismatch(cell, data, args) is not None:
+                data = run_cell(tasks[cell.task], cell, args, work)
             assert data is not None
             if cell.row == "seed" and data["val"] <= 0 and (args.require_signal or not args.quick):
                 refuse(f"{tasks[cell.task]} (seed {cell.seed}): every seed agent scores 0 on val "
@@ -494,15 +496,42 @@ def keep_cell(args: argparse.Namespace) -> None:
     args.row, args.run_seed = row, int(seed)
     cell = cells.Cell(task_id, row, int(seed))
     start = time.perf_counter()
-    result = run_row(args) | {"budget": args.budget, "mutator": args.mutator or "the task's",
+    result = run_row(args) | {"budget": args.budget, "settings": settings(args, row),
+                              "mutator": args.mutator or "the task's",
                               "schedule": (args.schedule or "the task's") if row == "joint" else None}
     command = "python bench/headline.py " + " ".join(a for a in sys.argv[1:] if a != "--cell")
     print("wrote", cells.write(args.out / "headline", cell, result, command, time.perf_counter() - start))
 
 
+def settings(args: argparse.Namespace, row: str) -> dict[str, Any]:
+    """What a row's figures depend on besides the commit, the task and the seed."""
+    return {"mutator": args.mutator if row in MUTATES else None, "policy": args.policy,
+            "operator_policy": args.operator_policy, "schedule": args.schedule if row == "joint" else None,
+            "trl_minutes": args.trl_minutes if row == "trl_grpo" else None,
+            "gepa_minutes": args.gepa_minutes if row == "gepa" else None, "quick": bool(args.quick)}
+
+
+def mismatch(cell: cells.Cell, data: dict[str, Any] | None, args: argparse.Namespace) -> str | None:
+    """Why a kept cell does not belong to this campaign (None when it does): it ran with other
+    settings, or (a budgeted row) at another budget than its seed's joint row spent."""
+    if data is None:
+        return "missing"
+    if data.get("settings") != settings(args, cell.row):
+        return f"ran with other settings ({data.get('settings')})"
+    if cell.row not in ("seed", "joint"):
+        joint = cells.read(args.cells, cells.Cell(cell.task, "joint", cell.seed))
+        if joint is None or data.get("budget") != int(joint["calls"]):
+            return f"ran at budget {data.get('budget')}, not what its joint row spent"
+    return None
+
+
 def summarize_campaign(args: argparse.Namespace, tasks: dict[str, str], grid: list[cells.Cell], at: str) -> None:
-    """headline.json and headline.md from the cells of commit ``at`` (all of them, or none)."""
+    """headline.json and headline.md from the cells of commit ``at`` (all of them, or none),
+    each with this campaign's settings and budget."""
     got = cells.gather(args.cells, grid, at, dirty_ok=args.quick)
+    for cell, data in got.items():
+        if (why := mismatch(cell, data, args)) is not None:
+            refuse(f"cell {cell} {why}: run the campaign with these settings to redo it")
     figures: dict[str, Any] = {"tasks": {}, "quick": bool(args.quick), "commit": at,
                                "evoagent_changed_since": cells.drift(at)}
     for key, task in tasks.items():

@@ -27,7 +27,7 @@ from evoagent.execute.evaluate import evaluate, sampled_pass_at_k
 from evoagent.execute.executor import ExecContext
 from evoagent.graph import load_graph
 from evoagent.llm.factory import make_backend
-from evoagent.tasks.datasets import load_examples, split
+from evoagent.tasks.datasets import task_data
 from evoagent.tools import ToolContext
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 async def seed_scores(task: str, samples: int, temperature: float) -> dict[str, object]:
     spec = runner.prepare(task, output=tempfile.mkdtemp(prefix="evoagent-bench-"))
-    parts = split(load_examples(spec.task.dataset, spec.seed, Path(spec.base_dir)), spec.task.splits, spec.seed)
+    parts = task_data(spec.task, spec.seed, Path(spec.base_dir))[1]
     backend = make_backend(spec.policy)
     ctx = ExecContext(backend, ToolContext(spec.sandbox), seed=spec.seed, concurrency=spec.concurrency)
     seeds: dict[str, dict[str, object]] = {}

@@ -39,6 +39,9 @@ def known_operators() -> list[str]:
 def get_operator(name: str) -> Operator:
     """A built-in or registered name, a ``module:function`` ref, or an entry point."""
     if name in OPERATORS:
+        if (ep := _entry_point(name)) is not None:  # silently running ours would hide theirs
+            raise SpecError(f"operator {name!r} is built in, and package {_package(ep)!r} also declares it "
+                            f"({ep.value}); rename the plug-in's entry point")
         return OPERATORS.get(name)
     if ":" in name:
         module, _, attr = name.partition(":")

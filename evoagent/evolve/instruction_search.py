@@ -82,6 +82,9 @@ async def instruction_demo_search(parents: Sequence[AgentGraph], ctx: MutationCo
     draw = ctx.rng.getstate()  # every pair is scored on the inputs this state draws
     scored: dict[tuple[int, int], float] = {}
     want = min(cfg.trials, len(instructions) * len(demo_sets))
+    if want < 2:
+        raise MutationError(f"instruction_demo_search: nothing to try for node {node.id!r}: the mutator proposed "
+                            "no new instruction and the parent has no success to draw demos from")
     for _ in range(ASKS * cfg.trials):  # TPE may propose a pair again: that costs nothing
         if len(scored) >= want:
             break
@@ -117,4 +120,5 @@ def _demo_sets(node: LLMNode, ctx: MutationContext, n: int) -> list[tuple[Demo, 
     if not pool or ctx.max_demos < 1:
         return []
     k = min(ctx.max_demos, len(pool))
-    return [tuple(ctx.rng.sample(pool, k)) for _ in range(n)]
+    order = {d: i for i, d in enumerate(pool)}  # a set in pool order: two draws of one set are one candidate
+    return [tuple(sorted(ctx.rng.sample(pool, k), key=order.__getitem__)) for _ in range(n)]

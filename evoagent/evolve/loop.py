@@ -54,7 +54,7 @@ from evoagent.rl.schedule import (
 )
 from evoagent.rl.shaping import EXPLORATION_KEY
 from evoagent.spec.config import RunSpec
-from evoagent.tasks.datasets import Example, task_data
+from evoagent.tasks.datasets import Example, excluded_questions, task_data
 from evoagent.tools import ToolContext
 
 
@@ -398,8 +398,11 @@ class Search:
 
     def _train_at(self, level: int) -> list[Example]:
         spec = self.spec
+        held = {e.input for part in ("val", "test") for e in self.splits[part]}
+        if spec.task.splits.exclude is not None:
+            held |= excluded_questions(spec.task.splits.exclude, Path(spec.base_dir))
         return train_at(level, spec.task.dataset, spec.rl.curriculum, spec.task.splits.train, spec.seed,
-                        Path(spec.base_dir))
+                        Path(spec.base_dir), held)
 
     async def _finish(self, gen: int, version: int) -> SearchResult:
         best = self.archive.best("val", version)

@@ -97,5 +97,5 @@ def check_source(node: ToolNode) -> None:
         tree = ast.parse(node.source or "", filename=f"<tool {node.id}>")
     except SyntaxError as e:
         raise GraphError(f"node {node.id!r}: source does not compile: {e.msg} (line {e.lineno})") from None
-    if not any(isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef) and d.name == "main" for d in tree.body):
-        raise GraphError(f"node {node.id!r}: source defines no main(text) function")
+    if not any(isinstance(d, ast.FunctionDef) and d.name == "main" for d in tree.body):
+        raise GraphError(f"node {node.id!r}: source defines no main(text) function (a plain def: it is called, not awaited)")

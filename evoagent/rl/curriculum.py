@@ -15,7 +15,7 @@ Two parts, both read from and kept in the archive (so ``--resume`` goes on as th
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,10 +56,16 @@ def next_level(level: int, accuracy: float, cfg: CurriculumConfig) -> int:
 
 
 def train_at(level: int, dataset: DatasetConfig, cfg: CurriculumConfig, size: int, seed: int,
-             base_dir: Path) -> list[Example]:
+             base_dir: Path, avoid: Collection[str] = ()) -> list[Example]:
     """The train split at ``level`` (>= 1): ``size`` fresh examples of the task's generator with
-    that level's options; ids carry the level, so archived records never mix levels."""
+    that level's options, none of whose questions is in ``avoid`` (the val and test questions,
+    and ``splits.exclude``'s); ids carry the level, so archived records never mix levels."""
     options = {**dataset.options, **cfg.levels[level - 1]}
-    examples = load_examples(dataset.model_copy(update={"options": options, "size": size}),
-                             seed + 7919 * level, base_dir)
-    return [replace(ex, id=f"L{level}-{ex.id}") for ex in examples]
+    drawn = size
+    while True:
+        examples = load_examples(dataset.model_copy(update={"options": options, "size": drawn}),
+                                 seed + 7919 * level, base_dir)
+        kept = [ex for ex in examples if ex.input not in avoid]
+        if len(kept) >= size or drawn >= 8 * size:  # a generator this small gives what it has
+            return [replace(ex, id=f"L{level}-{ex.id}") for ex in kept[:size]]
+        drawn *= 2

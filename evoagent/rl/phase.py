@@ -65,16 +65,6 @@ def by_agent(t: Trajectory) -> tuple[str, ...]:
     return (t.agent_id, t.input_id)
 
 
-def _signal_share(trajs: Sequence[Trajectory], group_of: GroupOf, bonus: Sequence[float] | None = None) -> float:
-    """The share of groups whose rewards (plus ``bonus``, one per trajectory) differ: the groups
-    a group-relative advantage learns from."""
-    extra = bonus if bonus is not None else [0.0] * len(trajs)
-    groups: dict[tuple[str, ...], set[float]] = {}
-    for t, b in zip(trajs, extra, strict=True):
-        groups.setdefault(group_of(t), set()).add(round((t.reward or 0.0) + b, 9))
-    return sum(len(r) > 1 for r in groups.values()) / max(len(groups), 1)
-
-
 def _row(step: int, usable: Sequence[Trajectory], spread: set[str]) -> dict[str, float]:
     """A step's metrics row: its samples' mean reward and accuracy, and the inputs with signal."""
     rewards = [t.reward or 0.0 for t in usable] or [0.0]
@@ -82,16 +72,28 @@ def _row(step: int, usable: Sequence[Trajectory], spread: set[str]) -> dict[str,
             "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "inputs_with_signal": float(len(spread))}
 
 
-def _inputs_with_signal(trajs: Sequence[Trajectory], group_of: GroupOf = by_agent) -> set[str]:
-    """Inputs on which some group's rewards differ: the only ones a group-relative advantage
-    learns from."""
-    groups: dict[tuple[str, ...], set[float]] = {}
-    inputs: dict[tuple[str, ...], str] = {}
-    for t in trajs:
-        key = group_of(t)
-        groups.setdefault(key, set()).add(t.reward or 0.0)
-        inputs[key] = t.input_id
-    return {inputs[key] for key, rewards in groups.items() if len(rewards) > 1}
+def _groups(trajs: Sequence[Trajectory], group_of: GroupOf, bonus: Sequence[float] | None) -> dict:
+    """group -> (its input, the distinct rewards of its samples, each plus its ``bonus``)."""
+    extra = bonus if bonus is not None else [0.0] * len(trajs)
+    out: dict[tuple[str, ...], tuple[str, set[float]]] = {}
+    for t, b in zip(trajs, extra, strict=True):
+        out.setdefault(group_of(t), (t.input_id, set()))[1].add(round((t.reward or 0.0) + b, 9))
+    return out
+
+
+def _signal_share(trajs: Sequence[Trajectory], group_of: GroupOf, bonus: Sequence[float] | None = None) -> float:
+    """The share of groups whose rewards (plus ``bonus``, one per trajectory) differ: the groups
+    a group-relative advantage learns from."""
+    groups = _groups(trajs, group_of, bonus)
+    return sum(len(r) > 1 for _, r in groups.values()) / max(len(groups), 1)
+
+
+def _inputs_with_signal(
+    trajs: Sequence[Trajectory], group_of: GroupOf = by_agent, bonus: Sequence[float] | None = None
+) -> set[str]:
+    """Inputs on which some group's rewards (plus ``bonus``) differ: the only ones a
+    group-relative advantage learns from."""
+    return {i for i, r in _groups(trajs, group_of, bonus).values() if len(r) > 1}
 
 
 class RLPhase:
@@ -221,20 +223,16 @@ class RLPhase:
             spread = _inputs_with_signal(usable, group_of)
             row = _row(step, usable, spread) | {"inputs_spread_by_reserve": float(len(spread & flat)),
                                                 **{f"skipped_{why}": 0.0 for why in SKIPS}}
-            if self.cfg.oversample > 1:  # train on the inputs where the samples disagree
-                inputs = [ex for ex in inputs if ex.id in spread][: self.cfg.inputs_per_step]
-                kept = {ex.id for ex in inputs}
-                usable = [t for t in usable if t.input_id in kept]
+            bonus = self._explore(usable)
+            if self.cfg.oversample > 1:  # train on the inputs where the (shaped) rewards disagree
+                shaped = _inputs_with_signal(usable, group_of, bonus)
+                inputs = [ex for ex in inputs if ex.id in shaped][: self.cfg.inputs_per_step]
+                kept = [k for k, t in enumerate(usable) if t.input_id in {ex.id for ex in inputs}]
+                usable, bonus = [usable[k] for k in kept], [bonus[k] for k in kept] if bonus else None
             for t in trajs:
                 if t.skip is not None:
                     row[f"skipped_{t.skip}"] = row.get(f"skipped_{t.skip}", 0.0) + 1
-            row["group_signal_share"] = _signal_share(usable, group_of)
-            bonus = None
-            if self.explorer is not None:
-                self.explorer.observe([t for t in trajs if t.skip is None])
-                bonus = self.explorer.bonus(usable)
-                row["exploration_bonus_mean"] = sum(bonus) / max(len(bonus), 1)
-                row["shaped_group_signal_share"] = _signal_share(usable, group_of, bonus)
+            row |= self._signal(usable, group_of, bonus)
             per_step.append(row)
             try:
                 metrics = await self._step(trainer, usable, earlier, inputs, group_of, bonus)
@@ -268,16 +266,33 @@ class RLPhase:
         usable = [t for t in reused if t.skip is None]
         group_of: GroupOf = lambda t: (t.input_id,)  # noqa: E731
         ids = {t.input_id for t in usable}
-        metrics = await self._step(trainer, usable, [], [ex for ex in train if ex.id in ids], group_of)
+        bonus = self._explore(usable)
+        metrics = await self._step(trainer, usable, [], [ex for ex in train if ex.id in ids], group_of, bonus)
         if metrics is None:
             return None
         per_episode = sum(len(t.llm_steps) for t in usable) / len(usable)
         fresh = min(self.cfg.inputs_per_step * self.cfg.oversample, len(train)) * self.cfg.group_size
-        return _row(0, usable, _inputs_with_signal(usable, group_of)) | {
+        return _row(0, usable, _inputs_with_signal(usable, group_of)) | self._signal(usable, group_of, bonus) | {
             "reused_samples": float(len(usable)),
             "requests_saved": fresh * self.cfg.elite * per_episode,
             **metrics,
         }
+
+    def _explore(self, episodes: Sequence[Trajectory]) -> list[float] | None:
+        """The explorer sees ``episodes`` and gives each its bonus (None without exploration)."""
+        if self.explorer is None:
+            return None
+        self.explorer.observe(episodes)
+        return self.explorer.bonus(episodes)
+
+    @staticmethod
+    def _signal(usable: Sequence[Trajectory], group_of: GroupOf, bonus: Sequence[float] | None) -> dict[str, float]:
+        """The share of groups with signal in the task's reward and, with a bonus, in the shaped one."""
+        out = {"group_signal_share": _signal_share(usable, group_of)}
+        if bonus is not None:
+            out |= {"exploration_bonus_mean": sum(bonus) / max(len(bonus), 1),
+                    "shaped_group_signal_share": _signal_share(usable, group_of, bonus)}
+        return out
 
     async def _step(
         self, trainer: Trainer, usable: list[Trajectory], earlier: list[Trajectory],

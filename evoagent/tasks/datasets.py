@@ -60,7 +60,11 @@ def task_data(task: TaskConfig, run_seed: int, base_dir: Path) -> tuple[list[Exa
     if task.splits.exclude is None:
         return examples, split(examples, task.splits, run_seed)
     seen = excluded_questions(task.splits.exclude, base_dir)
-    return examples, split([e for e in examples if e.input not in seen], task.splits, run_seed)
+    kept = [e for e in examples if e.input not in seen]
+    try:
+        return examples, split(kept, task.splits, run_seed)
+    except SpecError as e:
+        raise SpecError(f"{e} ({len(examples) - len(kept)} of them were left out by task.splits.exclude)") from None
 
 
 def excluded_questions(path: str, base_dir: Path) -> set[str]:

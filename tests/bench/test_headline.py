@@ -158,3 +158,27 @@ def test_the_bootstrap_of_a_known_paired_difference_is_that_difference():
 def test_the_joint_row_is_required_by_the_budgeted_rows(tmp_path):
     proc = run("--rows", "seed,evolve", "--out", str(tmp_path))
     assert proc.returncode == 2 and "the budgeted rows need the joint row" in proc.stderr
+
+
+def test_a_cell_from_other_settings_or_another_budget_is_not_this_campaigns(tmp_path):
+    import argparse
+
+    import cells
+
+    args = argparse.Namespace(mutator="embedded", policy="", operator_policy="", schedule="adaptive",
+                              trl_minutes=600.0, gepa_minutes=600.0, quick=False, cells=tmp_path)
+
+    def keep(row: str, **extra) -> dict:
+        data = {"settings": headline.settings(args, row), "calls": 100, "budget": None, **extra}
+        (tmp_path / "gcd").mkdir(exist_ok=True)
+        (tmp_path / "gcd" / f"{row}-s0.json").write_text(json.dumps(data))
+        return data
+
+    joint = keep("joint", calls=3200)
+    assert headline.mismatch(cells.Cell("gcd", "joint", 0), joint, args) is None
+    evolve = keep("evolve", budget=3200)
+    assert headline.mismatch(cells.Cell("gcd", "evolve", 0), evolve, args) is None
+    assert "not what its joint row spent" in headline.mismatch(cells.Cell("gcd", "evolve", 0), evolve | {"budget": 900}, args)
+    other = argparse.Namespace(**{**vars(args), "schedule": "fixed"})
+    assert "ran with other settings" in headline.mismatch(cells.Cell("gcd", "joint", 0), joint, other)
+    assert headline.mismatch(cells.Cell("gcd", "evolve", 0), evolve, other) is None  # evolve has no schedule

@@ -141,6 +141,7 @@ def test_a_wrong_factor_is_fixed_and_the_score_rises(task):
 @pytest.mark.parametrize(("reply", "reason"), [
     ("def main(text)\n    return text\n", "source does not compile: expected ':'"),
     ("def helper(text):\n    return text\n", "source defines no main(text) function"),
+    ("async def main(text):\n    return text\n", "source defines no main(text) function (a plain def"),
     ("def main(text):\n    raise ValueError('no such unit')\n", "fails in the sandbox on an input the tool was given"),
 ])
 def test_a_program_that_does_not_compile_or_crashes_is_archived_invalid_with_the_error(task, reply, reason):

@@ -119,3 +119,17 @@ evolve:
     asked = [r.messages[-1]["content"] for r in policy.requests]
     assert sum(q in train for q in asked) >= 3
     assert mutator.usage.calls == 2  # the instructions proposed
+
+
+def test_nothing_to_try_costs_nothing_and_two_draws_of_one_demo_set_are_one_candidate():
+    from evoagent.evolve.instruction_search import _demo_sets
+
+    ctx, calls = context(lambda node: 1.0, [""])  # the mutator proposes nothing usable
+    ctx = MutationContext(**{**ctx.__dict__, "successes": ()})
+    with pytest.raises(MutationError, match="nothing to try for node"):
+        asyncio.run(get_operator("instruction_demo_search").apply([DIRECT], ctx))
+    assert calls == []  # no execution was paid for
+    two, _ = context(lambda node: 1.0, ["x"])
+    two = MutationContext(**{**two.__dict__, "max_demos": 2})
+    sets = _demo_sets(DIRECT.nodes[0], two, 8)  # the pool holds two demos: every draw is the same set
+    assert len(set(sets)) == 1

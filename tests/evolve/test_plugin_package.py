@@ -39,7 +39,7 @@ evolve:
 """
 
 
-def wheel(folder: Path, dist: str, module: str, text: str) -> Path:
+def wheel(folder: Path, dist: str, module: str, text: str, name: str = "shout_plugin") -> Path:
     """A pure-Python wheel of one module declaring ``shout_plugin`` in ``evoagent.mutations``,
     written by hand so that building it needs no build backend and no network."""
     stem = dist.replace("-", "_")  # a wheel's file and .dist-info names use the normalised name
@@ -48,7 +48,7 @@ def wheel(folder: Path, dist: str, module: str, text: str) -> Path:
         f"{module}.py": OPERATOR.format(text=text),
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n",
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        f"{info}/entry_points.txt": f"[evoagent.mutations]\nshout_plugin = {module}:shout\n",
+        f"{info}/entry_points.txt": f"[evoagent.mutations]\n{name} = {module}:shout\n",
     }
     record = [f"{name},sha256={_digest(body)},{len(body.encode())}" for name, body in files.items()]
     files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
@@ -68,12 +68,12 @@ def pip(*args: str) -> None:
 
 
 @pytest.fixture
-def installed(tmp_path: Path) -> Iterator[Callable[[str, str, str], None]]:
+def installed(tmp_path: Path) -> Iterator[Callable[..., None]]:
     """Install wheels for the test; every one is uninstalled afterwards, whatever happened."""
     names: list[str] = []
 
-    def install(dist: str, module: str, text: str) -> None:
-        pip("install", "--no-index", "--no-deps", str(wheel(tmp_path, dist, module, text)))
+    def install(dist: str, module: str, text: str, name: str = "shout_plugin") -> None:
+        pip("install", "--no-index", "--no-deps", str(wheel(tmp_path, dist, module, text, name)))
         names.append(dist)
 
     yield install
@@ -81,8 +81,8 @@ def installed(tmp_path: Path) -> Iterator[Callable[[str, str, str], None]]:
         pip("uninstall", "-y", *names)
 
 
-def run(tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "task.yaml").write_text(SPEC)
+def run(tmp_path: Path, operator: str = "shout_plugin") -> subprocess.CompletedProcess[str]:
+    (tmp_path / "task.yaml").write_text(SPEC.replace("shout_plugin", operator))
     return subprocess.run(
         [sys.executable, "-m", "evoagent", "run", str(tmp_path / "task.yaml"), "--output", str(tmp_path / "pop")],
         capture_output=True, text=True, cwd=tmp_path, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
@@ -115,3 +115,11 @@ def test_two_packages_declaring_one_operator_name_are_refused_naming_both(tmp_pa
     assert "operator 'shout_plugin' is declared by more than one installed package" in out
     assert "evoagent-plugin-shout" in out and "evoagent-plugin-loud" in out
     assert "Traceback" not in out
+
+
+def test_a_package_declaring_a_built_in_operators_name_is_refused_naming_it(tmp_path, installed):
+    installed("evoagent-plugin-shadow", "evoagent_plugin_shadow", "SHADOW", name="bootstrap_demos")
+    done = run(tmp_path, operator="bootstrap_demos")
+    assert done.returncode == 2, done.stdout + done.stderr
+    out = " ".join((done.stdout + done.stderr).split())
+    assert "operator 'bootstrap_demos' is built in, and package 'evoagent-plugin-shadow' also declares it" in out

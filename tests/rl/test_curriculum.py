@@ -60,3 +60,20 @@ rl: {{enabled: true, every: 1, steps: 1, group_size: 2, inputs_per_step: 2,
         train = resumed.splits["train"]
         assert all(e.id.startswith("L1-") for e in train)
         assert all(len(n) == 3 for e in train for n in e.input.replace("=", " ").split() if n.isdigit())
+
+
+def test_a_level_never_trains_on_a_held_out_question():
+    from pathlib import Path
+
+    from evoagent.rl.config import CurriculumConfig
+    from evoagent.rl.curriculum import train_at
+    from evoagent.spec.config import DatasetConfig
+
+    data = DatasetConfig(kind="reasoning_gym", name="chain_sum",
+                         options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    cfg = CurriculumConfig(enabled=True, levels=({"min_terms": 3, "max_terms": 3},))
+    free = train_at(1, data, cfg, 20, 0, Path("."))
+    held = {e.input for e in free[:5]}  # say these five were val or test questions
+    kept = train_at(1, data, cfg, 20, 0, Path("."), held)
+    assert len(kept) == 20 and not {e.input for e in kept} & held
+    assert [e.id for e in kept][:15] == [e.id for e in free][5:]  # the same draw, minus the held ones

@@ -98,3 +98,20 @@ def test_only_the_bonus_gives_a_never_rewarded_phase_a_gradient(tiny_backend, tm
     else:
         assert metrics["shaped_group_signal_share"] > 0 and metrics["steps_trained"] >= 1
         assert sum(rl.explorer.state().values()) == 2 * 2 * 4 * 3  # steps x inputs x group x turns
+
+
+def test_with_oversampling_the_bonus_decides_which_inputs_train(tiny_backend, tmp_path):
+    """Oversampling keeps the inputs whose samples disagree; without a reward, only the bonus
+    can make them disagree, so only with it does any input train."""
+    graph = AgentGraph(nodes=(LoopNode(id="walk", env="corridor_test", max_turns=3, max_tokens=4,
+                                       temperature=1.0),), entry="walk", exit="walk")
+    train = [Example(f"walk-{i}", "position 0", "", {"seed": i}) for i in range(4)]
+    steps = {}
+    for beta in (None, 1.0):
+        exploration = {"exploration": {"kind": "count", "beta": beta}} if beta else {}
+        cfg = RLConfig(enabled=True, group_size=4, inputs_per_step=1, oversample=2, steps=1, lr=5e-2,
+                       **exploration)
+        backend = tiny_backend()
+        rl = RLPhase(cfg, backend, ExecContext(backend, ToolContext(), seed=0), RewardConfig(), tmp_path, seed=0)
+        steps[beta] = asyncio.run(rl.train([graph], train, generation=1)).metrics["steps_trained"]
+    assert steps == {None: 0.0, 1.0: 1.0}

@@ -83,6 +83,8 @@ def test_excluded_questions_are_in_no_split(tmp_path):
     after = task_data(chain_task(train=40, val=20, test=50, exclude="screened.jsonl"), 0, tmp_path)[1]
     used = {e.input for part in after.values() for e in part}
     assert not used & set(seen) and len(used) == 110
+    with pytest.raises(SpecError, match=r"\(15 of them were left out by task\.splits\.exclude\)"):
+        task_data(chain_task(train=400, val=20, test=50, exclude="screened.jsonl"), 0, tmp_path)
 
 
 @pytest.mark.parametrize(("body", "says"), [
