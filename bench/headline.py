@@ -208,6 +208,8 @@ def run_cell(task: str, cell: cells.Cell, opts: argparse.Namespace, work: Path) 
         cmd += ["--budget", str(int(kept("joint")["calls"]))]
     if opts.model is not None:
         cmd += ["--model", opts.model]
+    if opts.quick:  # the cell keeps the campaign's settings, --quick among them
+        cmd.append("--quick")
     print(f"== {cell}", flush=True)
     code = os.spawnv(os.P_WAIT, sys.executable, cmd)
     if code != 0:
