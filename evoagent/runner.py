@@ -128,10 +128,10 @@ async def run(
     with Archive(spec.run_dir) as archive:
         search = Search(spec, policy, mutator, archive, reporter, evaluator=evaluator, memory=memory or ())
         if spec.rl.enabled:
-            search.rl = RLPhase(
+            search.attach_rl(RLPhase(
                 spec.rl, policy, search.ctx, spec.task.reward, spec.run_dir, spec.seed,
                 history=lambda ids: archive.trajectories_of_inputs("train", ids),
-            )
+            ))
         try:
             result = await search.run()
         finally:

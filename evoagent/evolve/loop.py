@@ -1,6 +1,6 @@
 """The outer loop: seed, then per generation select, mutate, validate, cascade-evaluate, archive;
-after a generation, when ``rl.schedule`` says so, an RL phase trains the policy on the elite's
-rollouts. A phase is never the last step (the run ends on a search generation under the final
+after a generation, when ``rl.schedule`` says so, an RL phase (``rl_turn.py``) trains the policy
+on the elite's rollouts. A phase is never the last step (the run ends on a search generation under the final
 weights), and a phase that lowered the best agent's val beyond the noise is rolled back.
 
 State lives only in the archive: each generation is computed in memory and written in one
@@ -28,33 +28,25 @@ from evoagent.evolve.breeding import (
     MUTATOR_FAILED,
     RESCORE_FAILED,
     Breeder,
-    candidates,
     selection_pool,
 )
 from evoagent.evolve.cascade import cascade
 from evoagent.evolve.hooks import NullReporter, Reporter, RLHook, SearchResult
 from evoagent.evolve.insights import Insight, contrast_pairs, learn
 from evoagent.evolve.pending import Pending
-from evoagent.evolve.pool import Candidate
+from evoagent.evolve.rl_turn import RLTurn
 from evoagent.execute.evaluate import Evaluation, Evaluator, LocalEvaluator
 from evoagent.execute.executor import ExecContext, request_seed
-from evoagent.execute.trajectory import SKIPS
 from evoagent.graph import AgentGraph, load_graph, validate
 from evoagent.llm.backend import Backend, total_usage
-from evoagent.rl.curriculum import LEVEL_KEY, next_level, train_at
-from evoagent.rl.rollback import judge
 from evoagent.rl.schedule import (
-    RL,
     SEARCH,
     STEPS_KEY,
     Step,
-    expected_rl_requests,
-    make_schedule,
     recorded,
 )
-from evoagent.rl.shaping import EXPLORATION_KEY
 from evoagent.spec.config import RunSpec
-from evoagent.tasks.datasets import Example, excluded_questions, task_data
+from evoagent.tasks.datasets import Example, task_data
 from evoagent.tools import ToolContext
 
 
@@ -79,7 +71,6 @@ class Search:
         self.mutator = mutator
         self.archive = archive
         self.reporter = reporter or NullReporter()
-        self.rl = rl
         examples, self.splits = task_data(spec.task, spec.seed, Path(spec.base_dir))
         self.by_id = {e.id: e for e in examples}
         self.ctx = ExecContext(policy, ToolContext(spec.sandbox), seed=spec.seed,
@@ -90,14 +81,18 @@ class Search:
                                self.reporter.log)
         self._spent_before = archive.usage()  # a resumed run's budget goes on from here
         self.insights = [Insight(t, v) for t, v in (archive.insights() or memory)]
-        self.level = archive.meta(LEVEL_KEY) or 0  # the curriculum's (rl/curriculum.py)
-        if self.rl is not None and self.rl.explorer is not None:
-            self.rl.explorer.load(archive.meta(EXPLORATION_KEY) or {})
-        rl = spec.rl
-        self.schedule = make_schedule(rl.schedule, rl.every, rl.schedule_discount, rl.schedule_explore)
+        self.turn = RLTurn(spec, archive, rl, self.evaluator, policy, self.reporter, self.splits,
+                           self._serve, self._requests)
         self.steps = recorded(archive)
-        if self.level:
-            self.splits["train"] = self._train_at(self.level)
+
+    @property
+    def rl(self) -> RLHook | None:
+        """The inner RL loop, if any (``attach_rl``, or the constructor's ``rl``)."""
+        return self.turn.rl
+
+    def attach_rl(self, rl: RLHook) -> None:
+        """Give the search its RL loop after construction (``RLPhase`` needs ``self.ctx``)."""
+        self.turn.attach(rl)
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> SearchResult:
@@ -186,8 +181,9 @@ class Search:
             await self._learn_insights(gen, pending)
         self.steps.append(Step(gen, SEARCH, self._requests() - asked, self._best_val(version, pending) - best))
         checkpoint = None
-        if self._rl_next(gen, pending):
-            checkpoint, version = await self._rl_phase(pending, gen, version)
+        if self.turn.due(gen, self.steps, pending, self.usage()[0]):
+            checkpoint, version, step = await self.turn.run(pending, gen, version)
+            self.steps.append(step)
         pending.meta[STEPS_KEY] = [s.to_json() for s in self.steps]
         self.archive.commit_generation(pending.write(checkpoint, self.usage()))
         self._progress(gen, version)
@@ -199,43 +195,6 @@ class Search:
         fresh = [e.score for e in (pending.evaluations if pending else [])
                  if e.split == "val" and e.stage == "full" and e.weights_version == version]
         return max([best[1] if best else 0.0, *fresh])
-
-    def _rl_next(self, gen: int, pending: Pending) -> bool:
-        """Whether an RL phase follows this generation: the schedule wants one, and a search
-        generation can still follow it (the last generation, or a phase that would spend the
-        rest of ``evolve.max_calls``, would leave the run ending on weights no search has used;
-        without a program search, ``evolve.children: 0``, there is nothing to end on)."""
-        cfg = self.spec
-        if self.rl is None or not cfg.rl.enabled or not self.schedule.wants_rl(gen, self.steps):
-            return False
-        if cfg.evolve.children == 0:  # RL alone (the headline's rl row): no program to end on
-            return True
-        if gen >= cfg.evolve.generations:
-            self.reporter.log(f"gen {gen}: no RL phase after the last generation: the run ends on "
-                              "the program, searched under the final weights")
-            return False
-        cap = cfg.evolve.max_calls
-        if cap is None:
-            return True
-        need = expected_rl_requests(self.steps, self._first_phase_requests(pending))
-        if self.usage()[0] + need < cap:
-            return True
-        self.reporter.log(f"gen {gen}: no RL phase: about {need} completions would leave no search "
-                          f"generation within evolve.max_calls {cap}; the run ends on the program")
-        return False
-
-    def _first_phase_requests(self, pending: Pending) -> int:
-        """Before any phase has run, what one costs: its rollouts and the re-scoring after it,
-        in episodes, times the completions per episode this generation's search paid."""
-        rl, val = self.spec.rl, len(self.splits["val"])
-        drawn = min(rl.inputs_per_step * rl.oversample, len(self.splits["train"]))
-        episodes = rl.steps * drawn * rl.group_size * rl.elite + self._rescored() * val
-        per_episode = self.steps[-1].requests / max(len(pending.trajectories), 1) or 1.0
-        return round(episodes * per_episode)
-
-    def _rescored(self) -> int:
-        """How many top agents a phase re-scores under its new weights."""
-        return max(self.spec.rl.elite, self.spec.evolve.selection.islands * 2)
 
     async def _evaluate(
         self, gen: int, version: int, children: list[tuple[AgentRecord, AgentGraph]], pending: Pending
@@ -316,93 +275,6 @@ class Search:
         summary = f"best val {top} under weights v{version}; {calls} executions, {tokens} tokens"
         self.reporter.search(gen, self.spec.evolve.generations, summary)
         self.reporter.log(f"gen {gen}/{self.spec.evolve.generations} done: {summary} so far")
-
-    async def _rl_phase(self, pending: Pending, gen: int, version: int) -> tuple[tuple[str, dict, int], int]:
-        """Train on the elite's rollouts under a new weights version, re-score the top agents,
-        and keep the new weights unless the best agent's val fell beyond the noise."""
-        assert self.rl is not None
-        asked = self._requests()
-        fresh = {e.agent_id: e.score for e in pending.evaluations if e.split == "val" and e.stage == "full"}
-        graphs = {a.id: a.graph for a in pending.agents if a.id in fresh and a.graph is not None}
-        children = [Candidate(a, fresh[a], 0, 0, gen, version) for a in graphs]  # not yet committed
-        archived = [  # parents re-scored this generation rank by their new score
-            replace(c, score=fresh[c.id], version=version) if c.id in fresh else c
-            for c in candidates(self.archive, version)
-        ]
-        pool = sorted(archived + children, key=lambda c: (-c.score, c.generation, c.id))
-        graph = lambda c: graphs.get(c.id) or self.archive.graph(c.id)  # noqa: E731
-        n = self.spec.rl.elite
-        elite = [graph(c) for c in pool[:n]]
-        reserve = [graph(c) for c in pool[n : n + self.spec.rl.spread_agents]]
-        self.reporter.stage(f"gen {gen}: RL on {len(elite)} elite agent(s)", self.spec.rl.steps)
-        reused = [t for split_, t, v in pending.trajectories if split_ == "train" and v == version
-                  and self.spec.rl.reuse_search]  # this generation's screen, under these weights
-        res = await self.rl.train(elite, self.splits["train"], gen, self.reporter.advance, reserve, reused)
-        if res.archive:
-            pending.trajectories.extend(("train", t, version) for t in res.rollouts)
-        if self.rl.explorer is not None:  # the bonus's counts, kept with the phase that made them
-            pending.meta[EXPLORATION_KEY] = self.rl.explorer.state()
-        path, metrics = res.checkpoint, res.metrics
-        skipped = ", ".join(
-            f"{int(sum(s.get(f'skipped_{why}', 0) for s in metrics['per_step']))} ({meaning})"
-            for why, meaning in SKIPS.items()
-        )
-        self.reporter.log(
-            f"gen {gen}: RL trained {int(metrics['steps_trained'])}/{self.spec.rl.steps} steps, "
-            f"rollout reward {metrics['reward_mean']:.3f}, samples skipped: {skipped}"
-        )
-        new = max([version, *(r["weights_version"] for r in self.archive.checkpoints())]) + 1
-        await self._serve(new)
-        pending.version = new
-        top = pool[: self._rescored()]
-        self.reporter.stage(f"gen {gen}: re-evaluate {len(top)} under weights v{new}",
-                            len(top) * len(self.splits["val"]))
-        evs = await asyncio.gather(*(self._full(graph(c), self.splits["val"]) for c in top))
-        for c, ev in zip(top, evs, strict=True):
-            pending.record(c.id, "val", "full", ev)
-            self.reporter.log(f"gen {gen}: {c.id} val {c.score:.3f} (v{c.version}) -> {ev.score:.3f} (v{new})")
-        verdict = judge(self._outcomes(pool[0].id, version, pending),
-                        {t.input_id: t.reward or 0.0 for t in evs[0].trajectories},
-                        self.spec.rl.rollback_confidence, request_seed(self.spec.seed, "rollback", gen))
-        metrics = {**metrics, "val_change": verdict.change, "val_p_drop": verdict.p_drop}
-        gain = max(ev.score for ev in evs) - pool[0].score
-        if self.spec.rl.rollback and verdict.hurt:
-            metrics["rolled_back"] = True
-            previous = [r["path"] for r in self.archive.checkpoints() if r["weights_version"] == version]
-            self.rl.rollback(previous[0] if previous else None, version)
-            await self.evaluator.sync(self.rl.weights(), version)
-            self.policy.weights_version = pending.version = version
-            self.reporter.log(f"gen {gen}: weights v{new} rolled back ({verdict.describe()}); the "
-                              f"search goes on under v{version}")
-        else:
-            self._promote(gen, metrics.get("accuracy", 0.0), pending)
-            version = new
-        self.steps.append(Step(gen, RL, self._requests() - asked, gain, kept=version == new))
-        return (path, metrics, new), version
-
-    def _outcomes(self, agent_id: str, version: int, pending: Pending) -> dict[str, float]:
-        """{val input: reward} of one agent under ``version``, archived or from this generation."""
-        archived = [(t, version) for t in self.archive.trajectories(agent_id, "val", version)]
-        fresh = [(t, v) for split_, t, v in pending.trajectories if split_ == "val" and t.agent_id == agent_id]
-        return {t.input_id: t.reward or 0.0 for t, v in archived + fresh if v == version}
-
-    def _promote(self, gen: int, accuracy: float, pending: Pending) -> None:
-        """The curriculum: after a phase this accurate, train one level up (kept in the archive)."""
-        cfg = self.spec.rl.curriculum
-        level = next_level(self.level, accuracy, cfg)
-        if level != self.level:
-            self.level = pending.meta[LEVEL_KEY] = level
-            self.splits["train"] = self._train_at(level)
-            self.reporter.log(f"gen {gen}: rollout accuracy {accuracy:.2f} >= {cfg.promote_at:g}: the "
-                              f"train split moves to curriculum level {level} of {len(cfg.levels)}")
-
-    def _train_at(self, level: int) -> list[Example]:
-        spec = self.spec
-        held = {e.input for part in ("val", "test") for e in self.splits[part]}
-        if spec.task.splits.exclude is not None:
-            held |= excluded_questions(spec.task.splits.exclude, Path(spec.base_dir))
-        return train_at(level, spec.task.dataset, spec.rl.curriculum, spec.task.splits.train, spec.seed,
-                        Path(spec.base_dir), held)
 
     async def _finish(self, gen: int, version: int) -> SearchResult:
         best = self.archive.best("val", version)

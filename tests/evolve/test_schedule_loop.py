@@ -206,5 +206,7 @@ def test_the_exploration_counts_live_in_the_archive_and_a_resumed_run_reads_them
         policy = ScriptedBackend(handler=lambda r: "7")
         resumed = CountingRL(tmp_path)
         Search(spec, policy, policy, archive, Log(), resumed)
-    assert resumed.explorer.state() == {"state-1": 1, "state-2": 2}
+        attached = CountingRL(tmp_path)  # as the runner gives it: after construction
+        Search(spec, policy, policy, archive, Log()).attach_rl(attached)
+    assert resumed.explorer.state() == {"state-1": 1, "state-2": 2} == attached.explorer.state()
     assert resumed.explorer.bonus([]) == []
