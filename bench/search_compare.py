@@ -15,19 +15,19 @@ free), all with the same operators (the task's plus ``decompose``, ``best_of_n``
 - ``prompt_ops`` and ``instruction_demo_search`` (not run by default): islands with only
   ``bootstrap_demos`` and ``reflective_rewrite``, against only ``instruction_demo_search``
   (MIPROv2-style: the instruction and the demos chosen together by TPE on train minibatches,
-  whose executions count toward the same budget)::
+  whose executions count toward the same budget), kept in a results file of their own::
 
-      python bench/search_compare.py --tasks examples/arithmetic/task.yaml \
-          --arms prompt_ops,instruction_demo_search
+      python bench/search_compare.py --tasks examples/sums/task.yaml \
+          --arms prompt_ops,instruction_demo_search --name instruction_search
 
 Each run reports its best val score, the best agent's test score (scored once), what it spent
 and how many distinct agents it evaluated. Per arm: the mean over seeds with a 95% t-interval
 (seeds also redraw the data splits, so the interval covers both). Writes
-``bench/results/search_compare.json``, ``search_compare.md`` (the README's table) and
-``search_compare.html`` (the drawing; ``--draw`` redraws it from the JSON).
+``bench/results/<name>.json``, ``<name>.md`` (the README's table) and ``<name>.html`` (the
+drawing; ``--draw`` redraws it from the JSON); ``--name`` is ``search_compare`` unless given.
 
     python bench/search_compare.py [--tasks ...] [--arms islands,fixed] [--seeds 0,1,2] [--budget 240]
-                                   [--val 16]
+                                   [--val 16] [--name search_compare]
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ DEFAULT_TASKS = ("examples/arithmetic/task.yaml", "examples/chained_ops/task.yam
 VAL = 16  # val inputs per candidate: a small CPU's budget buys twice the children of the tasks' 32
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 MARK = "ARM-RESULT "
-PARTIAL = RESULTS / "search_compare.partial.jsonl"  # finished runs of an unfinished benchmark
 
 
 def spec_for(task: str, arm: str, seed: int, budget: int, out: str, val: int = VAL) -> Any:
@@ -105,12 +104,18 @@ def run_arm(task: str, arm: str, seed: int, budget: int, val: int) -> dict[str, 
         shutil.rmtree(out, ignore_errors=True)
 
 
-def spawn(task: str, arm: str, seed: int, budget: int, val: int) -> dict[str, Any]:
-    """One run in its own process; finished runs are kept in ``PARTIAL`` (one JSON line each),
-    so an interrupted benchmark started again with the same settings skips them."""
+def partial(name: str) -> Path:
+    """Where the finished runs of an unfinished benchmark ``name`` are kept."""
+    return RESULTS / f"{name}.partial.jsonl"
+
+
+def spawn(task: str, arm: str, seed: int, budget: int, val: int, name: str) -> dict[str, Any]:
+    """One run in its own process; finished runs are kept in ``partial(name)`` (one JSON line
+    each), so an interrupted benchmark started again with the same settings skips them."""
     key = {"task": Path(task).parent.name, "arm": arm, "seed": seed, "budget": budget, "val": val}
     cmd = [sys.executable, __file__, "--one", task, arm, str(seed), "--budget", str(budget), "--val", str(val)]
-    return run_kept(cmd, MARK, f"{key['task']} / {arm} / seed {seed} (budget {budget} calls)", key, PARTIAL, tail=1500)
+    return run_kept(cmd, MARK, f"{key['task']} / {arm} / seed {seed} (budget {budget} calls)", key, partial(name),
+                    tail=1500)
 
 
 def mean_ci(xs: list[float]) -> tuple[float, list[float]]:
@@ -145,8 +150,8 @@ def markdown(figures: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw(figures: dict[str, Any]) -> Path:
-    """``bench/results/search_compare.html``: per task, each arm's best val and test score with
+def draw(figures: dict[str, Any], name: str) -> Path:
+    """``bench/results/<name>.html``: per task, each arm's best val and test score with
     its 95% interval (hover: distinct agents evaluated, calls). Self-contained (plotly.js
     embedded, so it opens offline; ignored by git for its size)."""
     import plotly.graph_objects as go
@@ -170,7 +175,7 @@ def draw(figures: dict[str, Any]) -> Path:
     fig.update_yaxes(range=[0, 1], title_text="score (mean over seeds, 95% t-interval)", row=1, col=1)
     fig.update_layout(title=f"Search strategies at {figures['budget']} model completions per run, "
                             f"seeds {figures['seeds']}", height=480)
-    dest = RESULTS / "search_compare.html"
+    dest = RESULTS / f"{name}.html"
     fig.write_html(str(dest), include_plotlyjs=True, full_html=True)
     print(f"wrote {dest}")
     return dest
@@ -183,11 +188,12 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--budget", type=int, default=240)
     ap.add_argument("--val", type=int, default=VAL)
-    ap.add_argument("--draw", action="store_true", help="only redraw search_compare.html from search_compare.json")
+    ap.add_argument("--name", default="search_compare", help="the results files' name")
+    ap.add_argument("--draw", action="store_true", help="only redraw <name>.html from <name>.json")
     ap.add_argument("--one", nargs=3, metavar=("TASK", "ARM", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.draw:
-        draw(json.loads((RESULTS / "search_compare.json").read_text()))
+        draw(json.loads((RESULTS / f"{args.name}.json").read_text()), args.name)
         return
     if args.one:
         task, arm, seed = args.one
@@ -202,17 +208,19 @@ def main() -> None:
     tasks: dict[str, Any] = {}
     for task in args.tasks.split(","):
         name = Path(task).parent.name
-        tasks[name] = {"arms": {arm: summarize([spawn(task, arm, s, args.budget, args.val) for s in seeds]) for arm in arms}}
+        tasks[name] = {"arms": {arm: summarize([spawn(task, arm, s, args.budget, args.val, args.name) for s in seeds])
+                                for arm in arms}}
     command = "python bench/search_compare.py" + "".join(
         f" --{k} {v}" for k, v in (("tasks", args.tasks), ("arms", args.arms), ("seeds", args.seeds),
-                                   ("budget", args.budget), ("val", args.val)) if v != ap.get_default(k))
+                                   ("budget", args.budget), ("val", args.val), ("name", args.name))
+        if v != ap.get_default(k))
     figures = {"budget": args.budget, "val": args.val, "seeds": seeds, "command": command, "machine": f"{os.cpu_count()} cores",
                "wall_s": round(time.perf_counter() - start, 1), "versions": versions(), "tasks": tasks}
     inputs = tuple(Path(t).resolve().parent for t in args.tasks.split(",")) + (ROOT / "graphs",)
-    write_results("search_compare", figures, inputs=inputs)
-    (RESULTS / "search_compare.md").write_text(markdown(figures))
-    draw(figures)
-    PARTIAL.unlink(missing_ok=True)
+    write_results(args.name, figures, inputs=inputs)
+    (RESULTS / f"{args.name}.md").write_text(markdown(figures))
+    draw(figures, args.name)
+    partial(args.name).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

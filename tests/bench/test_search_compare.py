@@ -43,7 +43,7 @@ def test_the_drawing_shows_each_task_and_arm_with_its_interval(tmp_path, monkeyp
     runs = [{"val": v, "test": v - 0.1, "distinct_evaluated": 10, "calls": 240} for v in (0.5, 0.6, 0.7)]
     arms = {"islands": search_compare.summarize(runs), "dgm": search_compare.summarize(runs[:1])}
     figures = {"budget": 240, "seeds": [0, 1, 2], "tasks": {"arithmetic": {"arms": arms}, "chained_ops": {"arms": arms}}}
-    page = search_compare.draw(figures).read_text()
+    page = search_compare.draw(figures, "search_compare").read_text()
     assert "arithmetic" in page and "chained_ops" in page and "islands" in page and "dgm" in page
     assert "test of the best" in page and "distinct agents" in page
     assert "Plotly.newPlot" in page and 'src="http' not in page  # plotly.js embedded: opens offline
