@@ -9,7 +9,8 @@ reward and test inputs:
 3. ``trl_grpo``: TRL's GRPOTrainer on the seed agent's prompts, weights only;
 4. ``evolve``: evoagent without RL; 5. ``rl``: evoagent's RL phases without program search
    (``evolve.children: 0``); 6. ``joint``: evoagent as the task is written, with the RL
-   schedule ``--schedule`` (it ends on a search generation either way).
+   schedule ``--schedule`` (it ends on a search generation either way), stopped by the task's
+   generations or, with ``--joint-budget N``, once it has spent N completions.
 
 Every row that has a mutator gets the same one (``--mutator``: evolve's and joint's mutator,
 GEPA's reflection LM); the policy is the task's (``--policy`` replaces it). A run seed
@@ -35,6 +36,7 @@ the best other row; the summary names the commit and what changed in evoagent/ s
 
     python bench/headline.py [--tasks examples/sums/task.yaml,...] [--seeds 0,1,2]
                              [--rows seed,joint,...] [--mutator NAME] [--schedule adaptive]
+                             [--joint-budget 2000]
     python bench/headline.py --plan        # done, missing and other-commit cells, hours left
     python bench/headline.py --summarize   # headline.json/.md from the cells at their commit
     python bench/headline.py --quick       # a tiny random model: checks the wiring, not the numbers
@@ -108,8 +110,11 @@ def spec_for(task: str, row: str, out: str, budget: int | None, opts: argparse.N
     elif row == "evolve":
         d["rl"]["enabled"] = False
         d["evolve"] |= {"generations": SEARCHES, "max_calls": budget}
-    elif row == "joint" and opts.schedule:
-        d["rl"]["schedule"] = opts.schedule
+    elif row == "joint":
+        if opts.schedule:
+            d["rl"]["schedule"] = opts.schedule
+        if opts.joint_budget:  # the budget, not the task's generations, ends the joint row
+            d["evolve"] |= {"generations": SEARCHES, "max_calls": opts.joint_budget}
     elif row == "rl":
         d["rl"] |= {"enabled": True, "every": 1}
         d["evolve"] |= {"generations": SEARCHES, "children": 0, "max_calls": budget}
@@ -199,7 +204,8 @@ def run_cell(task: str, cell: cells.Cell, opts: argparse.Namespace, work: Path) 
     cmd = [sys.executable, __file__, "--cell", cell.task, cell.row, str(cell.seed), "--task", task,
            "--out", str(opts.out_dir), "--trl-minutes", str(opts.trl_minutes),
            "--gepa-minutes", str(opts.gepa_minutes), "--mutator", opts.mutator, "--policy", opts.policy,
-           "--operator-policy", opts.operator_policy, "--schedule", opts.schedule]
+           "--operator-policy", opts.operator_policy, "--schedule", opts.schedule,
+           "--joint-budget", str(opts.joint_budget)]
     if cell.row != "seed":
         seed_graph = work / f"{cell.task}-{cell.seed}-seed.json"
         seed_graph.write_text(json.dumps(kept("seed")["best_graph"]))
@@ -400,6 +406,9 @@ def main() -> None:
     ap.add_argument("--policy", default="", help="a policy model replacing the task's ('' keeps it)")
     ap.add_argument("--operator-policy", default="", help="evolve.operator_policy.kind ('' keeps the task's)")
     ap.add_argument("--schedule", default="", help="the joint row's rl.schedule ('' keeps the task's)")
+    ap.add_argument("--joint-budget", type=int, default=0,
+                    help="the joint row's evolve.max_calls, its generations then unbounded (0 keeps the task's "
+                    "stop); every other budgeted row gets what joint spent")
     ap.add_argument("--quick", action="store_true", help="a tiny random model and tiny budgets (CI)")
     ap.add_argument("--require-signal", action="store_true",
                     help="refuse tasks whose seeds all score 0 even with --quick (always on without it)")
@@ -509,6 +518,7 @@ def settings(args: argparse.Namespace, row: str) -> dict[str, Any]:
     """What a row's figures depend on besides the commit, the task and the seed."""
     return {"mutator": args.mutator if row in MUTATES else None, "policy": args.policy,
             "operator_policy": args.operator_policy, "schedule": args.schedule if row == "joint" else None,
+            "joint_budget": args.joint_budget if row == "joint" else None,
             "trl_minutes": args.trl_minutes if row == "trl_grpo" else None,
             "gepa_minutes": args.gepa_minutes if row == "gepa" else None, "quick": bool(args.quick)}
 

@@ -165,7 +165,7 @@ def test_a_cell_from_other_settings_or_another_budget_is_not_this_campaigns(tmp_
 
     import cells
 
-    args = argparse.Namespace(mutator="embedded", policy="", operator_policy="", schedule="adaptive",
+    args = argparse.Namespace(mutator="embedded", policy="", operator_policy="", schedule="adaptive", joint_budget=0,
                               trl_minutes=600.0, gepa_minutes=600.0, quick=False, cells=tmp_path)
 
     def keep(row: str, **extra) -> dict:
@@ -182,3 +182,19 @@ def test_a_cell_from_other_settings_or_another_budget_is_not_this_campaigns(tmp_
     other = argparse.Namespace(**{**vars(args), "schedule": "fixed"})
     assert "ran with other settings" in headline.mismatch(cells.Cell("gcd", "joint", 0), joint, other)
     assert headline.mismatch(cells.Cell("gcd", "evolve", 0), evolve, other) is None  # evolve has no schedule
+    longer = argparse.Namespace(**{**vars(args), "joint_budget": 2000})
+    assert "ran with other settings" in headline.mismatch(cells.Cell("gcd", "joint", 0), joint, longer)
+    assert headline.mismatch(cells.Cell("gcd", "evolve", 0), evolve, longer) is None  # its budget: joint's spend
+
+
+def test_the_joint_budget_unbounds_the_generations_and_stops_joint_at_that_spend(tmp_path):
+    import argparse
+
+    opts = argparse.Namespace(run_seed=1, policy="", operator_policy="", mutator="", model=None,
+                              schedule="adaptive", joint_budget=2000)
+    task = str(ROOT / "examples/sums/task.yaml")
+    spec = headline.spec_for(task, "joint", str(tmp_path), None, opts)
+    assert spec.evolve.max_calls == 2000 and spec.evolve.generations == headline.SEARCHES
+    assert spec.rl.enabled and spec.rl.schedule == "adaptive"
+    as_written = headline.spec_for(task, "joint", str(tmp_path), None, argparse.Namespace(**{**vars(opts), "joint_budget": 0}))
+    assert as_written.evolve.max_calls is None and as_written.evolve.generations < headline.SEARCHES
