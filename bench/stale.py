@@ -7,7 +7,8 @@ every module the script can reach and its input files; ``results_io.write_result
 ``headline.py`` write it, per task for the headline). A file written before that record existed
 is checked against the code of the commit that last wrote it (its script and what it reached
 there), as git holds it. A recorded file that differs from the file as it stands, or is gone,
-is a change.
+is a change; so is a module the script reaches now that the record does not hold (code moved
+out of a module it ran into a new one, or a new import).
 
 A campaign's summary (``schedule.json``, ``headline.json``, ``split_screen.json``: figures from
 cells that each ran as its own process at one commit, ``bench/cells.py``) records the commit,
@@ -34,8 +35,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 from cells import campaign_problems
-from code_graph import ROOT, Tree, digest, manifest  # bench/ is sys.path[0] when a script runs
+from code_graph import (  # bench/ is sys.path[0] when a script runs
+    ROOT,
+    Tree,
+    digest,
+    import_graph,
+    manifest,
+    reached,
+)
 
 RESULTS = ROOT / "bench" / "results"
 OK_FILE = ROOT / "bench" / "stale_ok.json"
@@ -84,10 +93,23 @@ def changes(code: dict[str, str]) -> dict[str, str | None]:
     return out
 
 
+def newly_reached(result: Path, code: dict[str, str], graph: nx.DiGraph) -> dict[str, str]:
+    """{path: its hash} of the modules ``result``'s script reaches now that ``code`` does not
+    record (a campaign's summary records only bench/, so only bench/ counts for it)."""
+    script = script_of(result)
+    if script is None:
+        return {}
+    now = {graph.nodes[m]["path"] for m in reached(graph, script.stem)}
+    if "campaign" in json.loads(result.read_text()):
+        now = {p for p in now if p.startswith("bench/")}
+    return {p: digest((ROOT / p).read_bytes()) for p in sorted(now - set(code))}
+
+
 def check() -> list[str]:
     """One line per stale result (empty: all match their code, or their changes are excused)."""
     ok: dict[str, Any] = json.loads(OK_FILE.read_text()) if OK_FILE.is_file() else {}
     problems = []
+    graph = import_graph()
     for result in sorted(RESULTS.glob("*.json")):
         campaign = json.loads(result.read_text()).get("campaign")
         if campaign is not None:
@@ -97,7 +119,7 @@ def check() -> list[str]:
             if not code:
                 problems.append(f"{label}: no record of the code that made it")
                 continue
-            changed = changes(code)
+            changed = changes(code) | newly_reached(result, code, graph)
             excused = ok.get(label, {}).get("files", {})
             left = {p: h for p, h in changed.items() if excused.get(p, "missing") != h}
             if left:
@@ -118,9 +140,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.ok:
         wanted = Path(a.ok).name  # bench/results/rl_gain.json or rl_gain.json
+        result, graph = RESULTS / wanted.split("#")[0], import_graph()
         entries = {
-            lab: {"files": changes(code), "why": "TODO"}
-            for lab, code in records(RESULTS / wanted.split("#")[0]).items()
+            lab: {"files": changes(code) | newly_reached(result, code, graph), "why": "TODO"}
+            for lab, code in records(result).items()
             if lab == wanted or "#" not in wanted
         }
         print(json.dumps(entries, indent=2))

@@ -16,6 +16,8 @@ import code_graph  # noqa: E402
 import stale  # noqa: E402
 
 NOW = code_graph.digest((ROOT / "evoagent" / "errors.py").read_bytes())
+RL_GAIN = code_graph.manifest(ROOT / "bench" / "rl_gain.py")  # rl_gain.json's code as it stands
+HEADLINE = code_graph.manifest(ROOT / "bench" / "headline.py")
 
 
 @pytest.fixture
@@ -32,12 +34,20 @@ def results(tmp_path, monkeypatch):
 
 
 def test_a_result_of_the_code_as_it_stands_passes(results):
-    results("rl_gain.json", {"x": 1, "code": {"evoagent/errors.py": NOW}})
+    assert RL_GAIN["evoagent/errors.py"] == NOW
+    results("rl_gain.json", {"x": 1, "code": RL_GAIN})
     assert stale.check() == []
 
 
+def test_a_module_the_script_reaches_now_but_did_not_record_is_a_change(results):
+    """Code split out of a module a result ran into a new one changes what it runs."""
+    results("rl_gain.json", {"code": {p: h for p, h in RL_GAIN.items() if p != "evoagent/errors.py"}})
+    (problem,) = stale.check()
+    assert problem.startswith("rl_gain.json: its code changed") and "evoagent/errors.py" in problem
+
+
 def test_changed_code_is_flagged_until_stale_ok_names_that_exact_change(results, tmp_path):
-    results("rl_gain.json", {"code": {"evoagent/errors.py": "0" * 16, "bench/gone.py": "1" * 16}})
+    results("rl_gain.json", {"code": RL_GAIN | {"evoagent/errors.py": "0" * 16, "bench/gone.py": "1" * 16}})
     (problem,) = stale.check()
     assert problem.startswith("rl_gain.json: its code changed") and "evoagent/errors.py" in problem
     assert "bench/gone.py" in problem
@@ -50,8 +60,8 @@ def test_changed_code_is_flagged_until_stale_ok_names_that_exact_change(results,
 
 
 def test_each_task_of_the_headline_is_checked_against_its_own_code(results):
-    results("headline.json", {"tasks": {"sums": {"code": {"evoagent/errors.py": NOW}},
-                                        "products": {"code": {"evoagent/errors.py": "0" * 16}},
+    results("headline.json", {"tasks": {"sums": {"code": HEADLINE},
+                                        "products": {"code": HEADLINE | {"evoagent/errors.py": "0" * 16}},
                                         "older": {"rows": {}}}})
     assert [p.split(":")[0] for p in stale.check()] == ["headline.json#products", "headline.json#older"]
 
