@@ -52,12 +52,14 @@ class UserCode:
 
     ``workers`` calls run at once; the others wait for a free worker. A call's timeout counts
     from the moment its worker has it. Processes start on first use; ``aclose`` stops them.
+    One pool may serve one event loop after another (a script's successive ``asyncio.run``s).
     """
 
     def __init__(self, workers: int = 2) -> None:
         self.workers = workers
         self._idle: list[_Worker] = []
         self._slots: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop ``_slots`` belongs to
         self.killed = 0
 
     async def call(
@@ -74,8 +76,10 @@ class UserCode:
             payload = pickle.dumps((list(sys.path), fn, tuple(args), wrap))
         except Exception as e:  # a lambda or a closure: it cannot reach another process
             raise UserCodeError(f"{what} cannot run in a worker process: {type(e).__name__}: {e}") from None
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.workers)
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a semaphore serves one event loop; the worker processes serve any
+            self._slots, self._loop = asyncio.Semaphore(self.workers), loop
+        assert self._slots is not None
         async with self._slots:
             worker = self._idle.pop() if self._idle else await _start()
             ok = False

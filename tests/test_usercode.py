@@ -169,3 +169,17 @@ def test_nothing_is_left_running_after_a_run(plugin):
     asyncio.run(user.aclose())
     assert not any(alive(p) for p in pids)
     assert sys.modules["plugin_mod"] is plugin
+
+
+def test_one_pool_serves_calls_from_one_event_loop_after_another(plugin):
+    """A script may score with the same pool under several ``asyncio.run``s (bench scripts do):
+    the pool's slots belong to no one loop."""
+    user = UserCode(workers=1)
+    cfg = RewardConfig(kind="python", ref="plugin_mod:slow_reward", extract="raw")
+
+    async def two_at_once():  # more calls than workers: the second waits on the slots
+        return await asyncio.gather(score("5", EX, cfg, user), score("5", EX, cfg, user))
+
+    for _ in range(2):
+        assert asyncio.run(two_at_once()) == [(1.0, None, None)] * 2
+    asyncio.run(user.aclose())
