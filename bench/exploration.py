@@ -20,6 +20,7 @@ so a stopped run resumes; run it from a ``git worktree`` at one commit::
 
     python bench/exploration.py [--results PATH]   # the missing cells, then the summary
     python bench/exploration.py --plan             # done and missing cells
+    python bench/exploration.py --summarize        # exploration.json/.md from the cells, run none
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=FOLDER, help="where the cells are kept")
     ap.add_argument("--plan", action="store_true", help="list done and missing cells, and stop")
+    ap.add_argument("--summarize", action="store_true", help="write exploration.json/.md from the cells, run none")
+    ap.add_argument("--commit", help="the campaign's commit (default: that of most done cells)")
     ap.add_argument("--cell", nargs=3, metavar=("GAME", "ARM", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -174,6 +177,9 @@ def main() -> None:
                                    "python bench/exploration.py", time.perf_counter() - start))
         return
     grid = cells.grid(GAMES, ARMS, SEEDS)
+    if args.summarize:
+        write(args.results, grid, args.commit or cells.campaign_commit(args.results, grid) or cells.commit()[0])
+        return
     head, dirty = cells.commit()
     todo = cells.plan(args.results, grid, head, lambda c: 900.0)
     print(todo.describe(), flush=True)
@@ -187,9 +193,14 @@ def main() -> None:
                                                      "--cell", cell.task, cell.row, str(cell.seed)])
         if code != 0:
             sys.exit(f"cell {cell} failed (exit {code}); the cells before it are kept")
-    figures = summarize(cells.gather(args.results, grid, head)) | {"commit": head}
-    cells.write_summary(args.results.parent / "exploration.json", figures, args.results, grid, head, Path(__file__))
-    (args.results.parent / "exploration.md").write_text(markdown(figures))
+    write(args.results, grid, head)
+
+
+def write(folder: Path, grid: list[cells.Cell], at: str) -> None:
+    """exploration.json and .md beside ``folder``, from its cells of commit ``at``."""
+    figures = summarize(cells.gather(folder, grid, at)) | {"commit": at}
+    cells.write_summary(folder.parent / "exploration.json", figures, folder, grid, at, Path(__file__))
+    (folder.parent / "exploration.md").write_text(markdown(figures))
     print(markdown(figures))
 
 

@@ -46,3 +46,29 @@ def test_each_game_loads_offline_as_win_only_boards(game):
     boards = load_examples(DatasetConfig(kind="textarena", name=env_id, size=2, options={"partial_credit": False}),
                            7, ROOT)
     assert len(boards) == 2 and all(b.meta["partial_credit"] is False for b in boards)
+
+
+def test_summarize_writes_the_summary_from_kept_cells_and_runs_none(tmp_path, monkeypatch):
+    """``--summarize`` builds exploration.json/.md from the cells of one commit (as after a
+    campaign that ran at an older commit), without running a cell."""
+    import json
+    import subprocess
+
+    monkeypatch.delenv(cells.LAND, raising=False)
+    head = cells.commit()[0]
+    monkeypatch.setattr(cells, "commit", lambda: (head, False))  # cells of a clean checkout at HEAD
+    folder = tmp_path / "exploration"
+    boards = [f"b{i}" for i in range(4)]
+    for cell in cells.grid(exploration.GAMES, exploration.ARMS, exploration.SEEDS):
+        won = 0.5 if cell.row == "count" else 0.0
+        cells.write(folder, cell, {"per_input": dict.fromkeys(boards, won), "before": dict.fromkeys(boards, 0.0),
+                                   "train_success": [0.0], "group_signal_share": [0.0],
+                                   "shaped_group_signal_share": [0.5], "steps_trained": 1.0, "rollouts": 192},
+                    "python bench/exploration.py", 1.0)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "exploration.py"), "--results", str(folder),
+                           "--summarize"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads((tmp_path / "exploration.json").read_text())
+    assert figures["games"]["guess_number"]["count_minus_none"] == [0.5, 0.5]
+    assert figures["campaign"]["commit"] == figures["commit"]
+    assert "| guess_number | count - none |" in (tmp_path / "exploration.md").read_text()
