@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,22 @@ def write(folder: Path, cell: Cell, result: dict[str, Any], command: str, second
     if os.environ.get(LAND):
         land(dest, f"{folder.name} cell {cell} (ran at {head[:10]})")
     return dest
+
+
+def spawn(folder: Path, cell: Cell, argv: list[str], what: str = "") -> dict[str, Any]:
+    """Run one cell as its own process (``argv``: the script and its ``--cell`` arguments) and
+    return what it kept in ``folder``. A cell that fails stops the campaign (exit 2) with the
+    cells before it kept, so the next run starts from it."""
+    print(f"== {cell}{what}", flush=True)
+    code = os.spawnv(os.P_WAIT, sys.executable, [sys.executable, *argv])
+    if code != 0:
+        print(f"cell {cell} failed (exit {code}); the cells before it are kept", file=sys.stderr)
+        sys.exit(2)
+    data = read(folder, cell)
+    if data is None:
+        print(f"cell {cell} ended without keeping its file in {folder}", file=sys.stderr)
+        sys.exit(2)
+    return data
 
 
 def land(path: Path, message: str, tries: int = 20) -> None:

@@ -188,11 +188,8 @@ def main() -> None:
     if dirty:
         sys.exit("evoagent/ or bench/ has uncommitted changes: run it from a git worktree of one commit")
     for cell in todo.missing:
-        print(f"== {cell}", flush=True)
-        code = os.spawnv(os.P_WAIT, sys.executable, [sys.executable, __file__, "--results", str(args.results),
-                                                     "--cell", cell.task, cell.row, str(cell.seed)])
-        if code != 0:
-            sys.exit(f"cell {cell} failed (exit {code}); the cells before it are kept")
+        cells.spawn(args.results, cell, [__file__, "--results", str(args.results), "--cell", cell.task, cell.row,
+                                         str(cell.seed)])
     write(args.results, grid, head)
 
 

@@ -201,7 +201,7 @@ def run_cell(task: str, cell: cells.Cell, opts: argparse.Namespace, work: Path) 
     """One cell in its own process (this script with ``--cell``), after the cells it needs: the
     seed row's best agent (every row starts from it) and the joint row's spending (the budget)."""
     kept = lambda row: cells.read(opts.cells, cells.Cell(cell.task, row, cell.seed))  # noqa: E731
-    cmd = [sys.executable, __file__, "--cell", cell.task, cell.row, str(cell.seed), "--task", task,
+    cmd = [__file__, "--cell", cell.task, cell.row, str(cell.seed), "--task", task,
            "--out", str(opts.out_dir), "--trl-minutes", str(opts.trl_minutes),
            "--gepa-minutes", str(opts.gepa_minutes), "--mutator", opts.mutator, "--policy", opts.policy,
            "--operator-policy", opts.operator_policy, "--schedule", opts.schedule,
@@ -216,13 +216,7 @@ def run_cell(task: str, cell: cells.Cell, opts: argparse.Namespace, work: Path) 
         cmd += ["--model", opts.model]
     if opts.quick:  # the cell keeps the campaign's settings, --quick among them
         cmd.append("--quick")
-    print(f"== {cell}", flush=True)
-    code = os.spawnv(os.P_WAIT, sys.executable, cmd)
-    if code != 0:
-        refuse(f"cell {cell} failed (exit {code}); the cells before it are kept")
-    data = cells.read(opts.cells, cell)
-    assert data is not None
-    return data
+    return cells.spawn(opts.cells, cell, cmd)
 
 
 # -- statistics ----------------------------------------------------------------------------------

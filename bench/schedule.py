@@ -32,7 +32,6 @@ worse (CI below 0) on none; the summary says which holds.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -189,12 +188,9 @@ def main() -> None:
     todo = cells.plan(args.results, grid, head, lambda c: GUESS_S[c.row])
     print(todo.describe(), flush=True)
     for cell in todo.missing:
-        print(f"== {cell} (budget {args.budget} completions)", flush=True)
-        code = os.spawnv(os.P_WAIT, sys.executable, [
-            sys.executable, __file__, "--tasks", args.tasks, "--budget", str(args.budget),
-            "--results", str(args.results), "--cell", cell.task, cell.row, str(cell.seed)])
-        if code != 0:
-            sys.exit(f"cell {cell} failed (exit {code}); the cells before it are kept")
+        cells.spawn(args.results, cell, [__file__, "--tasks", args.tasks, "--budget", str(args.budget),
+                                         "--results", str(args.results), "--cell", cell.task, cell.row, str(cell.seed)],
+                    f" (budget {args.budget} completions)")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ free), all with the same operators (the task's plus ``decompose``, ``best_of_n``
 - ``prompt_ops`` and ``instruction_demo_search`` (not run by default): islands with only
   ``bootstrap_demos`` and ``reflective_rewrite``, against only ``instruction_demo_search``
   (MIPROv2-style: the instruction and the demos chosen together by TPE on train minibatches,
-  whose executions count toward the same budget), kept in a results file of their own::
+  whose executions count toward the same budget), kept in a results file of their own. One
+  ``instruction_demo_search`` child costs up to ``trials x inputs`` executions, so a generation
+  of them can overshoot the budget by hundreds of completions: ``--match-budget`` gives every
+  later arm what the first arm spent, seed by seed, so the arms compare at equal completions::
 
-      python bench/search_compare.py --tasks examples/sums/task.yaml \
-          --arms prompt_ops,instruction_demo_search --name instruction_search
+      python bench/search_compare.py --tasks examples/sums/task.yaml --budget 600 \
+          --arms instruction_demo_search,prompt_ops --match-budget --name instruction_search
 
 Each run reports its best val score, the best agent's test score (scored once), what it spent
 and how many distinct agents it evaluated. Per arm: the mean over seeds with a 95% t-interval
@@ -27,7 +30,7 @@ and how many distinct agents it evaluated. Per arm: the mean over seeds with a 9
 drawing; ``--draw`` redraws it from the JSON); ``--name`` is ``search_compare`` unless given.
 
     python bench/search_compare.py [--tasks ...] [--arms islands,fixed] [--seeds 0,1,2] [--budget 240]
-                                   [--val 16] [--name search_compare]
+                                   [--val 16] [--name search_compare] [--match-budget]
 """
 
 from __future__ import annotations
@@ -127,6 +130,19 @@ def mean_ci(xs: list[float]) -> tuple[float, list[float]]:
     return m, [round(m - half, 4), round(m + half, 4)]
 
 
+def run_arms(task: str, arms: list[str], seeds: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """Every arm's runs on ``task``, summarized with the budget each seed's run was given; with
+    ``args.match_budget`` the arms after the first get what the first arm spent, seed by seed."""
+    given = dict.fromkeys(seeds, args.budget)
+    out = {}
+    for arm in arms:
+        runs = [spawn(task, arm, s, given[s], args.val, args.name) for s in seeds]
+        out[arm] = summarize(runs) | {"budgets": [given[s] for s in seeds]}
+        if args.match_budget and arm == arms[0]:
+            given = {s: int(r["calls"]) for s, r in zip(seeds, runs, strict=True)}
+    return out
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     val, val_ci = mean_ci([r["val"] for r in runs])
     test, test_ci = mean_ci([r["test"] for r in runs])
@@ -136,15 +152,18 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(figures: dict[str, Any]) -> str:
-    lines = [f"Budget {figures['budget']} model completions per run, {figures['val']} val inputs, "
+    matched = " (the first arm's; the others get what it spent, per seed)" if figures.get("match_budget") else ""
+    lines = [f"Budget {figures['budget']} model completions per run{matched}, {figures['val']} val inputs, "
              f"seeds {figures['seeds']} "
              f"(mean, 95% t-interval over seeds); `{figures['command']}`", "",
-             "| task | arm | best val | test | distinct agents evaluated | calls |", "|---|---|---|---|---|---|"]
+             "| task | arm | best val | test | distinct agents evaluated | budget per seed | calls |",
+             "|---|---|---|---|---|---|---|"]
     for task, t in figures["tasks"].items():
         for arm, a in t["arms"].items():
+            budgets = ", ".join(map(str, a.get("budgets", [figures["budget"]])))
             lines.append(f"| {task} | {arm} | {a['val']:.3f} [{a['val_ci'][0]:.3f}, {a['val_ci'][1]:.3f}] | "
                          f"{a['test']:.3f} [{a['test_ci'][0]:.3f}, {a['test_ci'][1]:.3f}] | "
-                         f"{a['distinct_evaluated']:.1f} | {a['calls']:.0f} |")
+                         f"{a['distinct_evaluated']:.1f} | {budgets} | {a['calls']:.0f} |")
     v = figures["versions"]
     lines += ["", "Versions: " + ", ".join(f"{k} {v[k]}" for k in sorted(v))]
     return "\n".join(lines) + "\n"
@@ -189,6 +208,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=240)
     ap.add_argument("--val", type=int, default=VAL)
     ap.add_argument("--name", default="search_compare", help="the results files' name")
+    ap.add_argument("--match-budget", action="store_true",
+                    help="the arms after the first get, per seed, what the first arm spent")
     ap.add_argument("--draw", action="store_true", help="only redraw <name>.html from <name>.json")
     ap.add_argument("--one", nargs=3, metavar=("TASK", "ARM", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -208,13 +229,12 @@ def main() -> None:
     tasks: dict[str, Any] = {}
     for task in args.tasks.split(","):
         name = Path(task).parent.name
-        tasks[name] = {"arms": {arm: summarize([spawn(task, arm, s, args.budget, args.val, args.name) for s in seeds])
-                                for arm in arms}}
+        tasks[name] = {"arms": run_arms(task, arms, seeds, args)}
     command = "python bench/search_compare.py" + "".join(
         f" --{k} {v}" for k, v in (("tasks", args.tasks), ("arms", args.arms), ("seeds", args.seeds),
                                    ("budget", args.budget), ("val", args.val), ("name", args.name))
-        if v != ap.get_default(k))
-    figures = {"budget": args.budget, "val": args.val, "seeds": seeds, "command": command, "machine": f"{os.cpu_count()} cores",
+        if v != ap.get_default(k)) + (" --match-budget" if args.match_budget else "")
+    figures = {"budget": args.budget, "match_budget": args.match_budget, "val": args.val, "seeds": seeds, "command": command, "machine": f"{os.cpu_count()} cores",
                "wall_s": round(time.perf_counter() - start, 1), "versions": versions(), "tasks": tasks}
     inputs = tuple(Path(t).resolve().parent for t in args.tasks.split(",")) + (ROOT / "graphs",)
     write_results(args.name, figures, inputs=inputs)

@@ -256,14 +256,7 @@ def screen(args: argparse.Namespace, cell: cells.Cell, head: str, dirty: bool) -
     kept = cells.read(args.results, cell)
     if kept is not None and kept["commit"] == head:
         return kept
-    print(f"== {cell}", flush=True)
-    code = os.spawnv(os.P_WAIT, sys.executable, [sys.executable, __file__, "--results", str(args.results),
-                                                 "--cell", cell.task, cell.row])
-    if code != 0:
-        sys.exit(f"cell {cell} failed (exit {code}); the cells before it are kept")
-    data = cells.read(args.results, cell)
-    assert data is not None
-    return data
+    return cells.spawn(args.results, cell, [__file__, "--results", str(args.results), "--cell", cell.task, cell.row])
 
 
 if __name__ == "__main__":

@@ -117,3 +117,19 @@ def test_a_landed_cell_is_committed_alone_and_other_staged_work_stays_staged(tmp
     assert git("log", "-1", "--name-only", "--format=%s").split() == [
         "results", "cell", "gcd/joint-s0", "(ran", "at", "ffffffffff)", "results/gcd/joint-s0.json"]
     assert git("diff", "--cached", "--name-only").split() == ["work.py"]
+
+
+def test_a_cell_runs_in_its_own_process_and_one_that_fails_stops_the_campaign(tmp_path, capsys):
+    script = tmp_path / "one_cell.py"
+    script.write_text(
+        "import json, sys\n"
+        "folder, task, fail = sys.argv[1], sys.argv[2], sys.argv[3] == '1'\n"
+        "if fail:\n    sys.exit(3)\n"
+        "import pathlib; p = pathlib.Path(folder) / task / 'evolve-s0.json'\n"
+        "p.parent.mkdir(parents=True); p.write_text(json.dumps({'calls': 7}))\n"
+    )
+    got = cells.spawn(tmp_path, cells.Cell("gcd", "evolve", 0), [str(script), str(tmp_path), "gcd", "0"], " (why)")
+    assert got == {"calls": 7} and "== gcd/evolve-s0 (why)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        cells.spawn(tmp_path, cells.Cell("sums", "evolve", 0), [str(script), str(tmp_path), "sums", "1"])
+    assert stop.value.code == 2 and "cell sums/evolve-s0 failed (exit 3)" in capsys.readouterr().err

@@ -47,3 +47,26 @@ def test_the_drawing_shows_each_task_and_arm_with_its_interval(tmp_path, monkeyp
     assert "arithmetic" in page and "chained_ops" in page and "islands" in page and "dgm" in page
     assert "test of the best" in page and "distinct agents" in page
     assert "Plotly.newPlot" in page and 'src="http' not in page  # plotly.js embedded: opens offline
+
+
+def test_with_match_budget_the_later_arms_get_what_the_first_spent_per_seed(monkeypatch):
+    """A costly operator overshoots the budget by a generation's worth of completions; the arms
+    it is compared with then search until they have spent as much."""
+    import argparse
+
+    asked = []
+
+    def fake_spawn(task, arm, seed, budget, val, name):
+        asked.append((arm, seed, budget))
+        spent = budget + 400 + seed if arm == "instruction_demo_search" else budget + 8
+        return {"val": 0.5, "test": 0.5, "distinct_evaluated": 4, "calls": spent}
+
+    monkeypatch.setattr(search_compare, "spawn", fake_spawn)
+    args = argparse.Namespace(budget=600, val=16, name="x", match_budget=True)
+    arms = search_compare.run_arms("t.yaml", ["instruction_demo_search", "prompt_ops"], [0, 1], args)
+    assert asked[2:] == [("prompt_ops", 0, 1000), ("prompt_ops", 1, 1001)]
+    assert arms["instruction_demo_search"]["budgets"] == [600, 600] and arms["prompt_ops"]["budgets"] == [1000, 1001]
+    asked.clear()
+    search_compare.run_arms("t.yaml", ["instruction_demo_search", "prompt_ops"], [0], argparse.Namespace(
+        budget=600, val=16, name="x", match_budget=False))
+    assert asked == [("instruction_demo_search", 0, 600), ("prompt_ops", 0, 600)]
