@@ -300,6 +300,8 @@ def summarize(rows: Runs) -> dict[str, Any]:
             for n, runs in rows.items()
         },
     }
+    if {"joint", "evolve", "rl"} <= set(names):
+        out["fixes"] = fix_sets(rows)
     if "joint" in names and len(names) > 1:
         best = max((n for n in names if n != "joint"), key=lambda n: (means[n], n))
         out["best_other"] = best
@@ -308,6 +310,34 @@ def summarize(rows: Runs) -> dict[str, Any]:
             str(s): round(float((per_seed[s]["joint"] - per_seed[s][best]).mean()), 3)
             for s in per_seed
         }
+    return out
+
+
+def fixes(seed: dict[str, float], row: dict[str, float]) -> set[str]:
+    """Inputs the seed got wrong and ``row`` got right (a reward of 1)."""
+    return {i for i, r in row.items() if r >= 1.0 and seed.get(i, 0.0) < 1.0}
+
+
+def fix_sets(rows: Runs) -> dict[str, int]:
+    """Summed over seeds, from the per-input outcomes: the inputs each half fixed against the
+    seed row (evolve, rl), both, ``union - max`` (what joint could add over the better half if
+    the halves' fixes added up), how many of the union and of the rest joint fixed, and the
+    inputs joint broke (the seed right, joint wrong). Why joint did or did not add up."""
+    out = dict.fromkeys(("evolve", "rl", "both", "union_minus_max", "joint_of_union", "joint_other",
+                         "joint_broke"), 0)
+    for seed in rows["seed"]:
+        base = rows["seed"][seed]["per_input"]
+        fe, fr = fixes(base, rows["evolve"][seed]["per_input"]), fixes(base, rows["rl"][seed]["per_input"])
+        joint = rows["joint"][seed]["per_input"]
+        fj = fixes(base, joint)
+        union = fe | fr
+        out["evolve"] += len(fe)
+        out["rl"] += len(fr)
+        out["both"] += len(fe & fr)
+        out["union_minus_max"] += len(union) - max(len(fe), len(fr))
+        out["joint_of_union"] += len(fj & union)
+        out["joint_other"] += len(fj - union)
+        out["joint_broke"] += sum(1 for i, r in base.items() if r >= 1.0 and joint.get(i, 0.0) < 1.0)
     return out
 
 
@@ -333,6 +363,14 @@ def markdown(figures: dict[str, Any]) -> str:
                 f"| {task} | joint - {t['best_other']} | | [{lo:+.3f}, {hi:+.3f}] | {seeds} | | | |"
             )
     lines.append("")
+    for task, t in figures["tasks"].items():
+        if (f := t.get("fixes")) is not None:
+            lines.append(
+                f"- {task}, summed over seeds: of the inputs the seed agent got wrong, evolve-only fixed "
+                f"{f['evolve']}, RL-only {f['rl']}, both {f['both']} (union - max: {f['union_minus_max']}); "
+                f"joint fixed {f['joint_of_union']} of that union and {f['joint_other']} others, and broke "
+                f"{f['joint_broke']} the seed agent got right."
+            )
     changed = figures["evoagent_changed_since"].splitlines()
     lines.append(f"Every cell ran at commit {figures['commit'][:10]}; evoagent/ since then: "
                  f"{changed[-1].strip() if changed else 'unchanged'}.")

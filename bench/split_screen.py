@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import cells
+from headline import fixes
 from results_io import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,11 +140,6 @@ def screened(key: str, work: Path) -> list[str]:
     candidate, level = key.rsplit("-L", 1)
     spec = load_spec(write_task(candidate, int(level), "seed", work))
     return [e.input for e in task_data(spec.task, spec.seed, Path(spec.base_dir))[1]["test"]]
-
-
-def fixes(seed: dict[str, float], half: dict[str, float]) -> set[str]:
-    """Inputs the seed got wrong and the half got right."""
-    return {i for i, r in half.items() if r >= 1.0 and seed.get(i, 0.0) < 1.0}
 
 
 def summarize(got: dict[cells.Cell, dict[str, Any]], chosen: dict[str, str]) -> dict[str, Any]:

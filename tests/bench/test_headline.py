@@ -198,3 +198,19 @@ def test_the_joint_budget_unbounds_the_generations_and_stops_joint_at_that_spend
     assert spec.rl.enabled and spec.rl.schedule == "adaptive"
     as_written = headline.spec_for(task, "joint", str(tmp_path), None, argparse.Namespace(**{**vars(opts), "joint_budget": 0}))
     assert as_written.evolve.max_calls is None and as_written.evolve.generations < headline.SEARCHES
+
+
+def test_the_summary_says_which_inputs_each_half_fixed_and_whether_joint_added_them_up():
+    ids = [f"q{i}" for i in range(6)]
+    row = lambda right: {"per_input": {i: float(i in right) for i in ids}, "calls": 1, "tokens": 1, "wall_s": 1}  # noqa: E731
+    rows = {"seed": {0: row({"q0", "q1"})}, "evolve": {0: row({"q0", "q1", "q2", "q3"})},
+            "rl": {0: row({"q0", "q1", "q3", "q4"})}, "joint": {0: row({"q0", "q2", "q4", "q5"})}}
+    f = headline.summarize(rows)["fixes"]
+    # evolve fixes q2, q3; RL q3, q4; joint fixes q2 and q4 of that union, q5 besides, and breaks q1
+    assert f == {"evolve": 2, "rl": 2, "both": 1, "union_minus_max": 1, "joint_of_union": 2,
+                 "joint_other": 1, "joint_broke": 1}
+    figures = {"tasks": {"t": headline.summarize(rows) | {"command": "c", "seeds": [0], "mutator": "m",
+               "schedule": "fixed", "joint_ended_on": ["search"], "policy": "p", "operator_policy": "o",
+               "capped": [], "machine": "x", "versions": {}}}, "commit": "f" * 40, "evoagent_changed_since": ""}
+    assert "evolve-only fixed 2, RL-only 2, both 1 (union - max: 1); joint fixed 2 of that union and 1 others, " \
+           "and broke 1" in headline.markdown(figures)
