@@ -189,6 +189,12 @@ def campaign_commit(folder: Path, cells: Sequence[Cell]) -> str | None:
     return max(seen, key=lambda k: seen[k]) if seen else None
 
 
+def summary_commit(given: str | None, folder: Path, cells: Sequence[Cell]) -> str:
+    """The commit a ``--plan`` or ``--summarize`` speaks of: ``--commit`` if given, else the
+    campaign's (``campaign_commit``), else this checkout's HEAD (no cell has run yet)."""
+    return given or campaign_commit(folder, cells) or commit()[0]
+
+
 def write_summary(
     dest: Path, figures: dict[str, Any], folder: Path, cells: Sequence[Cell], at: str, script: Path
 ) -> Path:

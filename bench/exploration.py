@@ -177,14 +177,16 @@ def main() -> None:
                                    "python bench/exploration.py", time.perf_counter() - start))
         return
     grid = cells.grid(GAMES, ARMS, SEEDS)
-    if args.summarize:
-        write(args.results, grid, args.commit or cells.campaign_commit(args.results, grid) or cells.commit()[0])
+    if args.plan or args.summarize:
+        at = cells.summary_commit(args.commit, args.results, grid)
+        if args.plan:
+            print(cells.plan(args.results, grid, at, lambda c: 900.0).describe())
+        else:
+            write(args.results, grid, at)
         return
     head, dirty = cells.commit()
     todo = cells.plan(args.results, grid, head, lambda c: 900.0)
     print(todo.describe(), flush=True)
-    if args.plan:
-        return
     if dirty:
         sys.exit("evoagent/ or bench/ has uncommitted changes: run it from a git worktree of one commit")
     for cell in todo.missing:

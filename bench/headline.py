@@ -502,7 +502,7 @@ def main() -> None:
     args.cells = args.out_dir / "headline"
     grid = cells.grid(tasks, rows, seeds)
     if args.plan or args.summarize:
-        at = args.commit or cells.campaign_commit(args.cells, grid) or cells.commit()[0]
+        at = cells.summary_commit(args.commit, args.cells, grid)
         if args.plan:
             print(cells.plan(args.cells, grid, at, lambda c: GUESS_S[c.row]).describe())
         else:

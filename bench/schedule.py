@@ -170,16 +170,16 @@ def main() -> None:
         print("wrote", cells.write(args.results, cells.Cell(task, arm, int(seed)), result, command,
                                    time.perf_counter() - start))
         return
-    at = args.commit or (cells.campaign_commit(args.results, grid) if (args.plan or args.summarize)
-                         else cells.commit()[0])
-    if args.plan:
-        print(cells.plan(args.results, grid, at, lambda c: GUESS_S[c.row]).describe())
-        return
-    if args.summarize:
-        figures = summarize(args.results, grid, at)
-        cells.write_summary(args.results.parent / "schedule.json", figures, args.results, grid, at, Path(__file__))
-        (args.results.parent / "schedule.md").write_text(markdown(figures))
-        print(markdown(figures))
+    if args.plan or args.summarize:
+        at = cells.summary_commit(args.commit, args.results, grid)
+        if args.plan:
+            print(cells.plan(args.results, grid, at, lambda c: GUESS_S[c.row]).describe())
+        else:
+            figures = summarize(args.results, grid, at)
+            cells.write_summary(args.results.parent / "schedule.json", figures, args.results, grid, at,
+                                Path(__file__))
+            (args.results.parent / "schedule.md").write_text(markdown(figures))
+            print(markdown(figures))
         return
     head, dirty = cells.commit()
     if dirty:

@@ -59,10 +59,9 @@ def script_of(result: Path) -> Path | None:
     return scripts[max(matches, key=len)] if matches else None
 
 
-def records(result: Path) -> dict[str, dict[str, str]]:
-    """{label: code record} of a results file: its own, or each part's, or one rebuilt from the
-    commit that last wrote it."""
-    data = json.loads(result.read_text())
+def records(result: Path, data: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """{label: code record} of a results file (``data``, as parsed): its own, or each part's, or
+    one rebuilt from the commit that last wrote it."""
     if "code" in data:
         return {result.name: data["code"]}
     parts = {f"{result.name}#{name}": part.get("code", {}) for key in PARTS
@@ -93,14 +92,16 @@ def changes(code: dict[str, str]) -> dict[str, str | None]:
     return out
 
 
-def newly_reached(result: Path, code: dict[str, str], graph: nx.DiGraph) -> dict[str, str]:
+def newly_reached(
+    result: Path, data: dict[str, Any], code: dict[str, str], graph: nx.DiGraph
+) -> dict[str, str]:
     """{path: its hash} of the modules ``result``'s script reaches now that ``code`` does not
     record (a campaign's summary records only bench/, so only bench/ counts for it)."""
     script = script_of(result)
     if script is None:
         return {}
     now = {graph.nodes[m]["path"] for m in reached(graph, script.stem)}
-    if "campaign" in json.loads(result.read_text()):
+    if "campaign" in data:
         now = {p for p in now if p.startswith("bench/")}
     return {p: digest((ROOT / p).read_bytes()) for p in sorted(now - set(code))}
 
@@ -108,18 +109,19 @@ def newly_reached(result: Path, code: dict[str, str], graph: nx.DiGraph) -> dict
 def check() -> list[str]:
     """One line per stale result (empty: all match their code, or their changes are excused)."""
     ok: dict[str, Any] = json.loads(OK_FILE.read_text()) if OK_FILE.is_file() else {}
-    problems = []
+    problems, labels = [], set()
     graph = import_graph()
     for result in sorted(RESULTS.glob("*.json")):
-        campaign = json.loads(result.read_text()).get("campaign")
-        if campaign is not None:
+        data = json.loads(result.read_text())
+        if "campaign" in data:
             problems += [f"{result.name}: {p} (run the campaign's missing cells and summarize again)"
-                         for p in campaign_problems(result, campaign)]
-        for label, code in records(result).items():
+                         for p in campaign_problems(result, data["campaign"])]
+        for label, code in records(result, data).items():
+            labels.add(label)
             if not code:
                 problems.append(f"{label}: no record of the code that made it")
                 continue
-            changed = changes(code) | newly_reached(result, code, graph)
+            changed = changes(code) | newly_reached(result, data, code, graph)
             excused = ok.get(label, {}).get("files", {})
             left = {p: h for p, h in changed.items() if excused.get(p, "missing") != h}
             if left:
@@ -127,8 +129,7 @@ def check() -> list[str]:
                     f"{label}: its code changed since it was written: {', '.join(sorted(left))} "
                     "(re-run it, or explain the change in bench/stale_ok.json)"
                 )
-    stray = set(ok) - {label for r in RESULTS.glob("*.json") for label in records(r)}
-    problems += [f"bench/stale_ok.json: {label} names no results file" for label in sorted(stray)]
+    problems += [f"bench/stale_ok.json: {label} names no results file" for label in sorted(set(ok) - labels)]
     return problems
 
 
@@ -141,9 +142,10 @@ def main() -> None:
     if a.ok:
         wanted = Path(a.ok).name  # bench/results/rl_gain.json or rl_gain.json
         result, graph = RESULTS / wanted.split("#")[0], import_graph()
+        data = json.loads(result.read_text())
         entries = {
-            lab: {"files": changes(code) | newly_reached(result, code, graph), "why": "TODO"}
-            for lab, code in records(result).items()
+            lab: {"files": changes(code) | newly_reached(result, data, code, graph), "why": "TODO"}
+            for lab, code in records(result, data).items()
             if lab == wanted or "#" not in wanted
         }
         print(json.dumps(entries, indent=2))

@@ -51,6 +51,20 @@ def test_a_resumed_campaign_runs_only_its_missing_cells_and_marks_another_commit
     assert set(cells.gather(tmp_path, grid[:3], head)) == set(grid[:3])
 
 
+def test_a_summary_speaks_of_the_commit_given_else_the_campaigns_else_head(tmp_path):
+    grid = cells.grid(["gcd"], ["evolve"], [0, 1, 2])
+    assert cells.summary_commit(None, tmp_path, grid) == "f" * 40  # nothing ran yet: this checkout
+    for c in grid:
+        finish(tmp_path, c, {"a": 1.0})
+    data = json.loads(grid[0].path(tmp_path).read_text()) | {"commit": "0" * 40}
+    grid[0].path(tmp_path).write_text(json.dumps(data))
+    assert cells.summary_commit(None, tmp_path, grid) == "f" * 40  # most cells ran there
+    for c in grid[1:]:
+        c.path(tmp_path).write_text(json.dumps(data))
+    assert cells.summary_commit(None, tmp_path, grid) == "0" * 40  # the campaign's, not HEAD
+    assert cells.summary_commit("1" * 40, tmp_path, grid) == "1" * 40
+
+
 def test_a_cell_file_is_written_whole_with_its_commit(tmp_path):
     cell = cells.Cell("gcd", "adaptive", 2)
     finish(tmp_path, cell, {"q1": 1.0})
