@@ -17,6 +17,7 @@ summary says how: ``drift``); that is the campaign's point, not a stale result.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -100,6 +101,69 @@ def spawn(folder: Path, cell: Cell, argv: list[str], what: str = "") -> dict[str
         print(f"cell {cell} ended without keeping its file in {folder}", file=sys.stderr)
         sys.exit(2)
     return data
+
+
+def chain(cell: Cell) -> str:
+    """The chain a cell belongs to: a (task, seed)'s cells, which may need one another (the
+    headline's rows start from its seed row's agent and spend its joint row's budget), so one
+    lane runs them in grid order."""
+    return f"{cell.task}:{cell.seed}"
+
+
+def deal(work: Sequence[Cell], lanes: int) -> list[list[str]]:
+    """The chains of the cells that need running, dealt round-robin into ``lanes`` lists
+    (fewer when there are fewer chains)."""
+    chains = list(dict.fromkeys(chain(c) for c in work))
+    return [chains[k::lanes] for k in range(min(lanes, len(chains)))]
+
+
+def in_chains(cells: Sequence[Cell], chains: str | None) -> list[Cell]:
+    """The cells of a lane's ``--chains`` (comma-separated, as ``run_lanes`` passes them), in
+    their order; all of them when None."""
+    if chains is None:
+        return list(cells)
+    mine = set(chains.split(","))
+    return [c for c in cells if chain(c) in mine]
+
+
+def run_lanes(argv: list[str], dealt: list[list[str]]) -> None:
+    """Run a campaign's chains as parallel lanes: one process per list in ``dealt``, this
+    script with its own arguments (``argv``) and ``--chains``, each given an equal share of
+    this process's CPUs as torch threads (a small model's decode, much of it Python, keeps few
+    threads busy, so lanes use cores one process leaves idle). No figure depends on how many
+    lanes ran: budgets count completions, not seconds. Waits for every
+    lane; if any failed, exits 2 after the others finish (their cells are kept)."""
+    threads = str(max(1, len(os.sched_getaffinity(0)) // max(len(dealt), 1)))
+    env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    procs = []
+    for k, chains in enumerate(dealt):
+        print(f"== lane {k}: {', '.join(chains)} ({threads} thread(s))", flush=True)
+        procs.append(subprocess.Popen([sys.executable, *argv, "--chains", ",".join(chains)], env=env))
+    failed = [k for k, p in enumerate(procs) if p.wait() != 0]
+    if failed:
+        print(f"lane(s) {failed} failed; the cells every lane finished are kept", file=sys.stderr)
+        sys.exit(2)
+
+
+def add_lane_args(ap: argparse.ArgumentParser) -> None:
+    """``--lanes N`` for a campaign script, and the ``--chains`` its lanes are started with."""
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="run the missing cells' (task, seed) chains in N processes at once, the CPUs shared")
+    ap.add_argument("--chains", help=argparse.SUPPRESS)
+
+
+def run_missing(folder: Path, missing: Sequence[Cell], args: argparse.Namespace,
+                argv_of: Callable[[Cell], list[str]], what: str = "") -> bool:
+    """Run the ``missing`` cells one process each (``argv_of(cell)``: the script and its
+    ``--cell`` arguments): all of them here, or, under ``--lanes N``, dealt to N lanes; in a
+    lane, only its chains. True when this process is the campaign itself (it may summarize
+    now), False in a lane (the campaign that started it summarizes)."""
+    if args.chains is None and args.lanes > 1:
+        run_lanes(sys.argv, deal(missing, args.lanes))
+        return True
+    for cell in in_chains(missing, args.chains):
+        spawn(folder, cell, argv_of(cell), what)
+    return args.chains is None
 
 
 def land(path: Path, message: str, tries: int = 20) -> None:

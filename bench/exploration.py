@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--summarize", action="store_true", help="write exploration.json/.md from the cells, run none")
     ap.add_argument("--commit", help="the campaign's commit (default: that of most done cells)")
     ap.add_argument("--cell", nargs=3, metavar=("GAME", "ARM", "SEED"), help=argparse.SUPPRESS)
+    cells.add_lane_args(ap)
     args = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
     sys.path.insert(0, str(Path(__file__).parent))
@@ -189,10 +190,9 @@ def main() -> None:
     print(todo.describe(), flush=True)
     if dirty:
         sys.exit("evoagent/ or bench/ has uncommitted changes: run it from a git worktree of one commit")
-    for cell in todo.missing:
-        cells.spawn(args.results, cell, [__file__, "--results", str(args.results), "--cell", cell.task, cell.row,
-                                         str(cell.seed)])
-    write(args.results, grid, head)
+    argv = lambda c: [__file__, "--results", str(args.results), "--cell", c.task, c.row, str(c.seed)]  # noqa: E731
+    if cells.run_missing(args.results, todo.missing, args, argv):
+        write(args.results, grid, head)
 
 
 def write(folder: Path, grid: list[cells.Cell], at: str) -> None:

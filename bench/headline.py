@@ -453,6 +453,7 @@ def main() -> None:
     ap.add_argument("--trl-minutes", type=float, default=600.0, help="safety cap of the TRL row")
     ap.add_argument("--gepa-minutes", type=float, default=600.0, help="safety cap of the GEPA row")
     ap.add_argument("--cell", nargs=3, metavar=("TASK", "ROW", "SEED"), help=argparse.SUPPRESS)
+    cells.add_lane_args(ap)
     for hidden in ("--task", "--seed-graph", "--model"):  # internal: one cell in this process
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=int, help=argparse.SUPPRESS)
@@ -514,12 +515,25 @@ def main() -> None:
                "(run it from a git worktree of that commit)")
     todo = cells.plan(args.cells, grid, head, lambda c: GUESS_S[c.row])
     print(todo.describe(), flush=True)
+    stale = [c for c in grid if c in todo.missing or mismatch(c, cells.read(args.cells, c), args) is not None]
+    if args.lanes > 1 and args.chains is None:
+        cells.run_lanes([*sys.argv, "--out", str(args.out_dir)], cells.deal(stale, args.lanes))  # --quick: one folder
+    else:
+        run_chains(args, tasks, cells.in_chains(grid, args.chains), set(todo.missing))
+    if args.chains is None:  # a lane leaves the summary to the campaign that started it
+        summarize_campaign(args, tasks, grid, head)
+
+
+def run_chains(args: argparse.Namespace, tasks: dict[str, str], grid: list[cells.Cell],
+               missing: set[cells.Cell]) -> None:
+    """Run ``grid``'s cells that are ``missing`` or kept with other settings, in order (a row
+    needs its seed's seed and joint rows first); refuse a task whose seed agents all score 0."""
     work = Path(tempfile.mkdtemp(prefix="headline-work-"))
     args.model = tiny_model(work / "tiny-model") if args.quick else None
     try:
         for cell in grid:
             data = cells.read(args.cells, cell)
-            if cell in todo.missing or mismatch(cell, data, args) is not None:
+            if cell in missing or mismatch(cell, data, args) is not None:
                 data = run_cell(tasks[cell.task], cell, args, work)
             assert data is not None
             if cell.row == "seed" and data["val"] <= 0 and (args.require_signal or not args.quick):
@@ -530,7 +544,6 @@ def main() -> None:
                        "agent that sometimes succeeds")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    summarize_campaign(args, tasks, grid, head)
 
 
 def keep_cell(args: argparse.Namespace) -> None:

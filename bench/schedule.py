@@ -152,6 +152,7 @@ def main() -> None:
     ap.add_argument("--summarize", action="store_true", help="write schedule.json/.md from the cells")
     ap.add_argument("--commit", help="the campaign's commit (default: that of most done cells)")
     ap.add_argument("--cell", nargs=3, metavar=("TASK", "ARM", "SEED"), help=argparse.SUPPRESS)
+    cells.add_lane_args(ap)
     args = ap.parse_args()
     tasks = dict(TASKS)
     for item in args.tasks.split(","):
@@ -187,10 +188,9 @@ def main() -> None:
                  "(run it from a git worktree of that commit)")
     todo = cells.plan(args.results, grid, head, lambda c: GUESS_S[c.row])
     print(todo.describe(), flush=True)
-    for cell in todo.missing:
-        cells.spawn(args.results, cell, [__file__, "--tasks", args.tasks, "--budget", str(args.budget),
-                                         "--results", str(args.results), "--cell", cell.task, cell.row, str(cell.seed)],
-                    f" (budget {args.budget} completions)")
+    argv = lambda c: [__file__, "--tasks", args.tasks, "--budget", str(args.budget),  # noqa: E731
+                      "--results", str(args.results), "--cell", c.task, c.row, str(c.seed)]
+    cells.run_missing(args.results, todo.missing, args, argv, f" (budget {args.budget} completions)")
 
 
 if __name__ == "__main__":

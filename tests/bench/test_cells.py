@@ -1,10 +1,12 @@
 """bench/cells.py: a campaign kept cell by cell resumes with only its missing cells, marks a
-cell from another commit and never summarizes it; bench/schedule.py's summary on synthetic
-cells with a known answer."""
+cell from another commit and never summarizes it, and runs its chains in parallel lanes;
+bench/schedule.py's summary on synthetic cells with a known answer."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -113,8 +115,6 @@ def test_a_campaign_summary_stands_until_a_cell_changes_or_its_commit_leaves_his
 
 
 def test_a_landed_cell_is_committed_alone_and_other_staged_work_stays_staged(tmp_path, monkeypatch):
-    import subprocess
-
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
 
@@ -147,3 +147,53 @@ def test_a_cell_runs_in_its_own_process_and_one_that_fails_stops_the_campaign(tm
     with pytest.raises(SystemExit) as stop:
         cells.spawn(tmp_path, cells.Cell("sums", "evolve", 0), [str(script), str(tmp_path), "sums", "1"])
     assert stop.value.code == 2 and "cell sums/evolve-s0 failed (exit 3)" in capsys.readouterr().err
+
+
+def test_lanes_run_each_chain_in_one_process_share_the_cpus_and_summarize_once(tmp_path):
+    (tmp_path / "one.py").write_text(
+        "import json, os, pathlib, sys\n"
+        "folder, task, row, seed = sys.argv[1:]\n"
+        "p = pathlib.Path(folder) / task / f'{row}-s{seed}.json'\n"
+        "p.parent.mkdir(parents=True, exist_ok=True)\n"
+        "p.write_text(json.dumps({'lane': os.getppid(), 'threads': os.environ.get('OMP_NUM_THREADS')}))\n"
+    )
+    campaign = tmp_path / "campaign.py"
+    campaign.write_text(
+        "import argparse, pathlib, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        "import cells\n"
+        "ap = argparse.ArgumentParser(); ap.add_argument('folder'); cells.add_lane_args(ap)\n"
+        "args = ap.parse_args(); folder = pathlib.Path(args.folder)\n"
+        "grid = cells.grid(['gcd', 'sums'], ['evolve', 'joint'], [0, 1])\n"
+        "missing = [c for c in grid if cells.read(folder, c) is None]\n"
+        "one = pathlib.Path(__file__).with_name('one.py')\n"
+        "argv = lambda c: [str(one), str(folder), c.task, c.row, str(c.seed)]\n"
+        "if cells.run_missing(folder, missing, args, argv):\n"
+        "    with open(folder / 'summaries', 'a') as f: f.write('one\\n')\n"
+    )
+    folder = tmp_path / "cells"
+    folder.mkdir()
+    done = cells.Cell("gcd", "evolve", 0)
+    finish(folder, done, {"a": 1.0})
+    subprocess.run([sys.executable, str(campaign), str(folder), "--lanes", "2"], check=True, timeout=120)
+
+    grid = cells.grid(["gcd", "sums"], ["evolve", "joint"], [0, 1])
+    kept = {c: cells.read(folder, c) for c in grid if c != done}
+    assert all(kept.values()) and "lane" not in cells.read(folder, done)  # the done cell did not run again
+    by_chain: dict[str, set[int]] = {}
+    for c, d in kept.items():
+        by_chain.setdefault(cells.chain(c), set()).add(d["lane"])
+    assert all(len(pids) == 1 for pids in by_chain.values())  # a chain's cells ran in one lane, in order
+    assert len({pid for pids in by_chain.values() for pid in pids}) == 2
+    assert {d["threads"] for d in kept.values()} == {str(max(1, len(os.sched_getaffinity(0)) // 2))}
+    assert (folder / "summaries").read_text() == "one\n"  # the campaign summarizes, its lanes do not
+
+
+def test_chains_are_dealt_round_robin_and_a_lane_keeps_only_its_own():
+    work = cells.grid(["gcd", "sums"], ["evolve", "joint"], [0, 1, 2])
+    assert cells.deal(work, 4) == [["gcd:0", "gcd:2"], ["sums:0", "sums:2"], ["gcd:1"], ["sums:1"]]
+    assert cells.deal(work[:2], 4) == [["gcd:0"]]  # no more lanes than chains
+    assert cells.in_chains(work, "sums:1,gcd:2") == [
+        cells.Cell("sums", "evolve", 1), cells.Cell("sums", "joint", 1),
+        cells.Cell("gcd", "evolve", 2), cells.Cell("gcd", "joint", 2)]
+    assert cells.in_chains(work, None) == work

@@ -30,8 +30,9 @@ def run(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
 def test_quick_runs_all_six_rows_at_the_joint_rows_budget_and_resumes_only_missing_cells(tmp_path):
     pytest.importorskip("gepa")
     pytest.importorskip("trl")
-    proc = run("--quick", "--seeds", "0,1", "--tasks", TASK, "--out", str(tmp_path))
+    proc = run("--quick", "--seeds", "0,1", "--tasks", TASK, "--out", str(tmp_path), "--lanes", "2")
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "== lane 0: chained_ops:0" in proc.stdout and "== lane 1: chained_ops:1" in proc.stdout
     figures = json.loads((tmp_path / "headline.json").read_text())
     task = figures["tasks"]["chained_ops"]
     assert set(task["rows"]) == set(headline.ROWS) and task["seeds"] == [0, 1]
