@@ -113,19 +113,18 @@ def run_cell(game: str, arm: str, seed: int) -> dict[str, Any]:
 def summarize(got: dict[cells.Cell, dict[str, Any]]) -> dict[str, Any]:
     """Per game: each arm's held-out success (mean of seeds, with its CI), count minus none,
     and the training signal shares."""
-    from headline import bootstrap, interval
+    from headline import bootstrap, interval, paired
 
     out: dict[str, Any] = {"beta": BETA, "steps": STEPS, "held_out_boards": HELD_OUT,
                            "episodes_per_board": EPISODES, "games": {}}
     for game in sorted({c.task for c in got}):
         seeds = sorted({c.seed for c in got if c.task == game})
-        ids = sorted(got[cells.Cell(game, "none", seeds[0])]["per_input"])
-        per_seed = {s: {arm: np.array([got[cells.Cell(game, arm, s)]["per_input"][i] for i in ids]) for arm in ARMS}
-                    for s in seeds}
+        runs_of = {arm: {s: got[cells.Cell(game, arm, s)] for s in seeds} for arm in ARMS}
+        per_seed = {s: vals for s, (_, vals) in paired(runs_of, "none").items()}
         boot = bootstrap(per_seed, np.random.default_rng(0))
         rows = {}
         for arm in ARMS:
-            runs = [got[cells.Cell(game, arm, s)] for s in seeds]
+            runs = list(runs_of[arm].values())
             rows[arm] = {
                 "success_after": round(float(np.mean([per_seed[s][arm].mean() for s in seeds])), 3),
                 "ci": interval(boot[arm]),

@@ -223,14 +223,15 @@ def run_cell(task: str, cell: cells.Cell, opts: argparse.Namespace, work: Path) 
 Runs = dict[str, dict[int, dict[str, Any]]]  # row -> run seed -> that row's result
 
 
-def paired(rows: Runs) -> dict[int, tuple[list[str], dict[str, np.ndarray]]]:
-    """Per run seed: its test inputs in one order and every row's rewards on them."""
+def paired(rows: Runs, ref: str = "seed") -> dict[int, tuple[list[str], dict[str, np.ndarray]]]:
+    """Per run seed: its test inputs in one order and every row's rewards on them, the shape
+    ``bootstrap`` pairs; every row must have been tested on row ``ref``'s inputs."""
     out = {}
-    for seed, first in rows["seed"].items():
+    for seed, first in rows[ref].items():
         ids = sorted(first["per_input"])
         for name, runs in rows.items():
             if sorted(runs[seed]["per_input"]) != ids:
-                sys.exit(f"row {name} (seed {seed}) was tested on other inputs than the seed row")
+                sys.exit(f"row {name} (seed {seed}) was tested on other inputs than the {ref} row")
         out[seed] = (
             ids,
             {

@@ -86,21 +86,18 @@ def campaign(task_names: list[str], seeds: list[int]) -> list[cells.Cell]:
 
 def summarize(folder: Path, grid: list[cells.Cell], at: str) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).parent))
-    from headline import bootstrap, interval
+    from headline import bootstrap, interval, paired
 
     got = cells.gather(folder, grid, at)
     out: dict[str, Any] = {"commit": at, "evoagent_changed_since": cells.drift(at), "tasks": {}}
     for task in sorted({c.task for c in grid}):
         seeds = sorted({c.seed for c in grid if c.task == task})
-        per_seed = {}
-        for s in seeds:
-            ids = sorted(got[cells.Cell(task, "evolve", s)]["per_input"])
-            per_seed[s] = {arm: np.array([got[cells.Cell(task, arm, s)]["per_input"][i] for i in ids])
-                           for arm in ARMS}
+        runs_of = {arm: {s: got[cells.Cell(task, arm, s)] for s in seeds} for arm in ARMS}
+        per_seed = {s: vals for s, (_, vals) in paired(runs_of, "evolve").items()}
         boot = bootstrap(per_seed, np.random.default_rng(0))
         rows = {}
         for arm in ARMS:
-            runs = [got[cells.Cell(task, arm, s)] for s in seeds]
+            runs = list(runs_of[arm].values())
             rows[arm] = {
                 "test": round(float(np.mean([per_seed[s][arm].mean() for s in seeds])), 3),
                 "ci": interval(boot[arm]),
