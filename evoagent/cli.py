@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -332,6 +334,8 @@ def with_bare_ray(args: list[str]) -> list[str]:
 
 
 def main() -> None:
-    """The ``evoagent`` command."""
+    """The ``evoagent`` command. ``kill -USR1`` on it prints every thread's stack to stderr (and
+    it goes on): what a run that seems stuck, or slow to stop, is doing."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     app(args=with_bare_ray(sys.argv[1:]), prog_name="evoagent")
 

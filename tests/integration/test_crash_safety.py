@@ -2,7 +2,8 @@
 is SIGKILLed in every phase — seeding, mutation, evaluation, RL rollouts, right after a
 checkpoint write, the final test — and resumed each time; it ends with the archive an
 uninterrupted run with the same seed produces, and the database passes its integrity check.
-Ctrl-C stops a run cleanly, says how to resume, and a second writer is refused."""
+Ctrl-C stops a run cleanly, says how to resume, and a second writer is refused; kill -USR1
+prints where a run is without stopping it."""
 
 from __future__ import annotations
 
@@ -172,9 +173,18 @@ def test_ctrl_c_stops_cleanly_says_how_to_resume_and_one_writer_only(tmp_path, t
     assert second.returncode == 2
     assert "another evoagent process is writing to" in " ".join(second.stderr.split())
 
+    proc.send_signal(signal.SIGUSR1)  # kill -USR1: every thread's stack, and the run goes on
+    assert wait_for(proc, log, r"most recent call first", limit=30)
+    assert proc.poll() is None
+
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    rc = proc.wait(timeout=60)
+    try:
+        rc = proc.wait(timeout=120)  # a hang guard, not a speed test: a loaded machine is slow
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # every thread's stack into the log: where it hangs
+        time.sleep(3)
+        pytest.fail(f"Ctrl-C did not stop the run in 120s; its stacks:\n{log.read_text()[-6000:]}")
     stopped_after = time.monotonic() - sent
     out = log.read_text()
     assert rc == 130, out[-2000:]
