@@ -85,10 +85,17 @@ def _no_orphans():
     STARTED.clear()
 
 
+# `evoagent` as a terminal starts it: Ctrl-C raises KeyboardInterrupt. A process started in the
+# background by a non-interactive shell (`cmd &`, as CI scripts often are) inherits SIGINT
+# ignored, and Python keeps it so, which would leave nothing for the Ctrl-C test to see.
+EVOAGENT = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from evoagent.cli import main; main()")
+
+
 def start(cwd: Path, out: str, log: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evoagent", "run", "task.yaml", "--output", out, "--progress", "jsonl",
+        [sys.executable, "-c", EVOAGENT, "run", "task.yaml", "--output", out, "--progress", "jsonl",
          *extra],
         cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
