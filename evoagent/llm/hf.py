@@ -47,6 +47,7 @@ from torch import nn
 
 from evoagent.errors import BackendError
 from evoagent.heap import release_memory
+from evoagent.llm.attention import serve_with_gqa, train_with_sdpa
 from evoagent.llm.backend import register_backend
 from evoagent.llm.batcher import Batcher
 from evoagent.llm.cache import GenerationCache, through_cache
@@ -96,6 +97,7 @@ class HFBackend:
                 f"policy.max_context: {cfg.max_context} exceeds the model's context window "
                 f"({limit} positions)"
             )
+        serve_with_gqa(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids(model, tokenizer)
@@ -143,6 +145,7 @@ class HFBackend:
         """The copy of the policy that RL trains (made on first use; generation keeps its own)."""
         if self._trained is None:
             self._trained = copy.deepcopy(self.model)
+            train_with_sdpa(self._trained)
         return self._trained
 
     def sync_weights(self, model: nn.Module) -> None:
