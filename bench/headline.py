@@ -516,8 +516,8 @@ def main() -> None:
                "(run it from a git worktree of that commit)")
     todo = cells.plan(args.cells, grid, head, lambda c: GUESS_S[c.row])
     print(todo.describe(), flush=True)
-    stale = [c for c in grid if c in todo.missing or mismatch(c, cells.read(args.cells, c), args) is not None]
     if args.lanes > 1 and args.chains is None:
+        stale = [c for c in grid if c in todo.missing or mismatch(c, cells.read(args.cells, c), args) is not None]
         cells.run_lanes([*sys.argv, "--out", str(args.out_dir)], cells.deal(stale, args.lanes))  # --quick: one folder
     else:
         run_chains(args, tasks, cells.in_chains(grid, args.chains), set(todo.missing))
