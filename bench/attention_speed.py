@@ -20,28 +20,16 @@ import os
 import platform
 import statistics
 
-from backend_throughput import (  # bench/ is sys.path[0] when a script runs
-    ROOT,
-    timed_eval,
-    workload,
-)
+from backend_throughput import ROOT, fresh_eval  # bench/ is sys.path[0] when a script runs
 from results_io import write_results
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def one_arm(dtype: str, attention: str, inputs: int) -> dict[str, float]:
-    """The workload's throughput on a fresh backend (no completion cache) attending with
-    ``attention``: ``ours`` (the backend's own) or ``sdpa`` (transformers')."""
-    from evoagent.llm.hf import HFBackend
-    from evoagent.spec.config import BackendConfig
-
-    graph, examples = workload(inputs)
-    backend = HFBackend(BackendConfig(dtype=dtype, max_batch=64, cache=False))
-    if attention == "sdpa":
-        backend.model.set_attn_implementation("sdpa")
-    timed_eval(graph, examples[:4], backend)  # warm-up
-    got = timed_eval(graph, examples, backend)
+    """The workload's throughput attending with ``attention``: ``ours`` (the backend's own) or
+    ``sdpa`` (transformers')."""
+    _, got = fresh_eval(dtype, inputs, "sdpa" if attention == "sdpa" else "")
     return {"tok_s": round(got["tok_s"], 2), "tokens": got["tokens"], "score": got["score"]}
 
 

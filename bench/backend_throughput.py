@@ -83,6 +83,22 @@ def timed_eval(graph: Any, examples: list[Any], backend: Any, concurrency: int =
     return {"tokens": ev.tokens, "seconds": seconds, "tok_s": ev.tokens / seconds, "score": ev.score}
 
 
+def fresh_eval(dtype: str, inputs: int, attention: str = "") -> tuple[Any, dict[str, float]]:
+    """The workload's ``timed_eval`` on a freshly loaded backend in ``dtype`` (no completion
+    cache, so every call generates), after a warm-up on 4 inputs; ``attention`` names a
+    transformers attention to serve with instead of the backend's own. Returns the backend too,
+    for a bench that goes on to train it."""
+    from evoagent.llm.hf import HFBackend
+    from evoagent.spec.config import BackendConfig
+
+    graph, examples = workload(inputs)
+    backend = HFBackend(BackendConfig(dtype=dtype, max_batch=64, cache=False))
+    if attention:
+        backend.model.set_attn_implementation(attention)
+    timed_eval(graph, examples[:4], backend)  # warm-up: first calls pay one-off costs
+    return backend, timed_eval(graph, examples, backend)
+
+
 def requests(graph: Any, examples: list[Any]) -> list[Any]:
     """The requests the executor makes for ``graph`` on ``examples`` (one llm node)."""
     from evoagent.execute.executor import request_seed

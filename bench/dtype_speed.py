@@ -27,11 +27,7 @@ import statistics
 import time
 from typing import Any
 
-from backend_throughput import (  # bench/ is sys.path[0] when a script runs
-    ROOT,
-    timed_eval,
-    workload,
-)
+from backend_throughput import ROOT, fresh_eval  # bench/ is sys.path[0] when a script runs
 from results_io import write_results
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -54,15 +50,10 @@ def train_seconds(model: Any, vocab: int) -> float:
 
 
 def one_dtype(dtype: str, inputs: int) -> dict[str, float]:
-    from evoagent.llm.hf import HFBackend
     from evoagent.rl.config import RLConfig
     from evoagent.rl.policy import attach_lora
-    from evoagent.spec.config import BackendConfig
 
-    graph, examples = workload(inputs)
-    backend = HFBackend(BackendConfig(dtype=dtype, max_batch=64, cache=False))
-    timed_eval(graph, examples[:4], backend)  # warm-up
-    gen = timed_eval(graph, examples, backend)
+    backend, gen = fresh_eval(dtype, inputs)
     lora = attach_lora(backend.trainable_model(), RLConfig(enabled=True, lora_rank=16, lora_alpha=32)).train()
     vocab = backend.tokenizer.vocab_size  # no warm-up pass: a first pass measured no slower
     return {"gen_tok_s": round(gen["tok_s"], 2), "gen_tokens": gen["tokens"], "score": gen["score"],

@@ -26,7 +26,14 @@ def gqa_sdpa(
     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """``sdpa``, but a masked grouped-query call on CPU reads the K/V heads as they are."""
+    """``sdpa``, but a masked grouped-query call on CPU reads the K/V heads as they are.
+
+    Two calls go to transformers' own ``sdpa`` whatever the device: one with a learned
+    ``position_bias`` (T5-style relative attention), which it folds into the mask, and one with a
+    ``cache`` (the paged cache of transformers' continuous batching), which updates K/V inside
+    the attention function. Neither comes from our backend's ``generate``; a user's own call may
+    bring them.
+    """
     plain = (query.device.type != "cpu" or attention_mask is None
              or getattr(module, "num_key_value_groups", 1) == 1
              or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None)
