@@ -22,6 +22,7 @@ its parent), ``seconds_per_child``; each as a ratio to the 135M's (``x_135m``). 
 ``bench/results/mutator_quality.json``.
 
     python bench/mutator_quality.py [--tasks examples/sums/task.yaml,...] [--mutators embedded,...]
+                                    [--work DIR]  # keep the searches; a re-run reuses them
 """
 
 from __future__ import annotations
@@ -47,14 +48,24 @@ SEED = 0
 
 
 async def search(task: str, out: Path) -> Any:
-    """The task's search as written, RL off, 135M policy and mutator; returns the spec run."""
+    """The task's search as written, RL off, 135M policy and mutator; returns the spec run. A
+    search that finished in ``out`` before (``--work``) is reused as it stands: nothing in it
+    depends on the mutators under test, so a re-run that only re-times them need not search."""
     from evoagent import runner
     from evoagent.evolve.hooks import NullReporter
+    from evoagent.spec import load_spec
 
-    spec = runner.prepare(task, output=str(out))
-    spec = spec.model_copy(
-        update={"rl": spec.rl.model_copy(update={"enabled": False}), "mutator": None}
-    )
+    def without_rl(spec: Any) -> Any:
+        return spec.model_copy(
+            update={"rl": spec.rl.model_copy(update={"enabled": False}), "mutator": None}
+        )
+
+    spec = without_rl(load_spec(task).model_copy(update={"output": str(out)}))
+    if (spec.run_dir / "result.json").exists():
+        print(f"{spec.name}: reusing the finished search in {spec.run_dir}", flush=True)
+        return spec
+    shutil.rmtree(spec.run_dir, ignore_errors=True)  # a search cut short starts again
+    spec = without_rl(runner.prepare(task, output=str(out)))
 
     class Log(NullReporter):
         def log(self, message: str) -> None:
@@ -190,12 +201,12 @@ def summary(children: list[dict[str, Any]], wall: float) -> dict[str, float]:
     }
 
 
-async def main(tasks: list[str], mutators: list[str]) -> None:
+async def main(tasks: list[str], mutators: list[str], keep: Path | None) -> None:
     from evoagent.llm.factory import make_backend
     from evoagent.spec.config import BackendConfig
 
     rng = random.Random(SEED)
-    work = Path(tempfile.mkdtemp(prefix="mutator-quality-"))
+    work = keep or Path(tempfile.mkdtemp(prefix="mutator-quality-"))
     try:
         parents: list[dict[str, Any]] = []
         for task in tasks:
@@ -217,7 +228,8 @@ async def main(tasks: list[str], mutators: list[str]) -> None:
             print(f"{m}: {len(parents)} rewrites in {walls[m]:.0f} s, {tokens} tokens", flush=True)
         await score_children(parents, results)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
     figures: dict[str, Any] = {
         "tasks": [p.removeprefix("examples/") for p in tasks],
         "parents": len(parents),
@@ -261,10 +273,14 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--mutators", default=",".join(MUTATORS), help="the first is the baseline")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="keep the searched archives in this folder, and reuse the ones a "
+                         "run before finished there (default: a temporary folder, removed)")
     a = ap.parse_args()
     asyncio.run(
         main(
             [t.strip() for t in a.tasks.split(",") if t.strip()],
             [m.strip() for m in a.mutators.split(",") if m.strip()],
+            a.work,
         )
     )
