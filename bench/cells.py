@@ -62,6 +62,13 @@ def commit(root: Path = ROOT) -> tuple[str, bool]:
     return head, dirty
 
 
+def work_dir(campaign: str, root: Path = ROOT) -> Path:
+    """Where ``campaign`` keeps its unfinished runs, one folder per commit: a cell resumes only
+    a run that its own code started, never one that a process at another commit (a profile, a
+    run from another worktree) left half done, which would finish under this commit's name."""
+    return Path.home() / ".cache" / "evoagent" / "campaigns" / campaign / commit(root)[0][:12]
+
+
 def drift(since: str, root: Path = ROOT) -> str:
     """``git diff --stat`` of evoagent/ from ``since`` to the checkout's HEAD: what changed in
     the library since a campaign's commit ('' when nothing did)."""

@@ -50,7 +50,6 @@ BUDGET = 2000  # completions per run: the headline campaign's joint budget (--jo
 SEARCHES = 200  # generations: the budget, not this, ends every arm
 GUESS_S = {"evolve": 900.0, "fixed": 1500.0, "adaptive": 1200.0}  # before any cell of the arm ran
 FOLDER = RESULTS / "schedule"
-WORK = Path.home() / ".cache" / "evoagent" / "campaigns" / "schedule"
 
 
 def spec_for(task: str, arm: str, seed: int, budget: int, out: Path) -> Any:
@@ -76,7 +75,7 @@ def run_cell(task: str, arm: str, seed: int, budget: int) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).parent))
     from headline import run_search
 
-    spec = spec_for(task, arm, seed, budget, WORK / Path(task).parent.name)
+    spec = spec_for(task, arm, seed, budget, cells.work_dir("schedule") / Path(task).parent.name)
     return run_search(spec) | {"budget": budget}
 
 

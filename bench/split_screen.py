@@ -40,7 +40,6 @@ from results_io import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = RESULTS / "split_screen"
-WORK = Path.home() / ".cache" / "evoagent" / "campaigns" / "split_screen"
 SEED = 100
 BUDGET = 1000  # completions per half
 LOW, HIGH = 0.05, 0.5
@@ -124,7 +123,7 @@ def run_cell(cell: cells.Cell) -> dict[str, Any]:
     from evoagent.spec import load_spec
 
     candidate, level = cell.task.rsplit("-L", 1)
-    work = WORK / cell.task / cell.row
+    work = cells.work_dir("split_screen") / cell.task / cell.row
     spec = load_spec(write_task(candidate, int(level), cell.row, work))
     spec = spec.model_copy(update={"output": str(work / "runs")})
     check_spec(spec)

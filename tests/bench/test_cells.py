@@ -53,6 +53,13 @@ def test_a_resumed_campaign_runs_only_its_missing_cells_and_marks_another_commit
     assert set(cells.gather(tmp_path, grid[:3], head)) == set(grid[:3])
 
 
+def test_a_run_left_half_done_is_resumed_only_by_the_commit_that_started_it(monkeypatch):
+    here = cells.work_dir("schedule")
+    monkeypatch.setattr(cells, "commit", lambda root=ROOT: ("0" * 40, False))
+    there = cells.work_dir("schedule")
+    assert here.parent == there.parent and here.name == "f" * 12 and there.name == "0" * 12
+
+
 def test_a_summary_speaks_of_the_commit_given_else_the_campaigns_else_head(tmp_path):
     grid = cells.grid(["gcd"], ["evolve"], [0, 1, 2])
     assert cells.summary_commit(None, tmp_path, grid) == "f" * 40  # nothing ran yet: this checkout
