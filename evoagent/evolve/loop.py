@@ -40,6 +40,7 @@ from evoagent.execute.executor import ExecContext, request_seed
 from evoagent.graph import AgentGraph, load_graph, validate
 from evoagent.llm.backend import Backend, total_usage
 from evoagent.rl.schedule import (
+    RL,
     SEARCH,
     STEPS_KEY,
     Step,
@@ -130,6 +131,11 @@ class Search:
         cap = self.spec.evolve.max_calls
         calls = self.usage()[0]
         if cap is None or calls < cap:
+            return False
+        if self.steps and self.steps[-1].kind == RL and self.spec.evolve.children > 0:
+            self.reporter.log(f"budget spent: {calls} model calls >= evolve.max_calls {cap}, but "
+                              f"generation {gen} ended on an RL phase: one more search generation "
+                              "runs under its weights, so the run ends on the program")
             return False
         self.reporter.log(f"budget spent: {calls} model calls >= evolve.max_calls {cap}; "
                           f"the search stops after generation {gen}")

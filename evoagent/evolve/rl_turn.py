@@ -7,6 +7,7 @@ state."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -78,21 +79,31 @@ class RLTurn:
         cap = cfg.evolve.max_calls
         if cap is None:
             return True
-        need = expected_rl_requests(steps, self._first_phase_requests(steps[-1], pending))
+        need = expected_rl_requests(steps, self._first_phase_requests(pending))
         if spent + need < cap:
             return True
         self.reporter.log(f"gen {gen}: no RL phase: about {need} completions would leave no search "
                           f"generation within evolve.max_calls {cap}; the run ends on the program")
         return False
 
-    def _first_phase_requests(self, search: Step, pending: Pending) -> int:
-        """Before any phase has run, what one costs: its rollouts and the re-scoring after it,
-        in episodes, times the completions per episode the generation's search paid."""
+    def _first_phase_requests(self, pending: Pending) -> int:
+        """Before any phase has run, what one costs: its rollouts of the elite and the
+        re-scoring of the top agents after it, in episodes, each episode costing the completions
+        that agent's own episodes asked so far (a best-of-5 agent asks 5 per input, a plain one
+        1: a generation's average would price a best-of-5 elite at a fraction of its cost)."""
         rl, val = self.spec.rl, len(self.splits["val"])
+        pool, _ = self._ranked(pending, pending.version)
         drawn = min(rl.inputs_per_step * rl.oversample, len(self.splits["train"]))
-        episodes = rl.steps * drawn * rl.group_size * rl.elite + self._rescored() * val
-        per_episode = search.requests / max(len(pending.trajectories), 1) or 1.0
-        return round(episodes * per_episode)
+        rollouts = rl.steps * drawn * rl.group_size * sum(self._per_episode(c.id, pending) for c in pool[: rl.elite])
+        rescoring = val * sum(self._per_episode(c.id, pending) for c in pool[: self._rescored()])
+        return round(rollouts + rescoring)
+
+    def _per_episode(self, agent_id: str, pending: Pending) -> float:
+        """Completions one episode of ``agent_id`` asked: this generation's, else its archived val
+        episodes' (1 for an agent with none)."""
+        runs = [t for _, t, _ in pending.trajectories if t.agent_id == agent_id]
+        runs = runs or list(self.archive.trajectories(agent_id, "val"))
+        return statistics.fmean(len(t.llm_steps) for t in runs) if runs else 1.0
 
     def _rescored(self) -> int:
         """How many top agents a phase re-scores under its new weights."""

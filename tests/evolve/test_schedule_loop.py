@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -16,7 +17,10 @@ from evoagent.archive import Archive
 from evoagent.cli import app
 from evoagent.evolve.hooks import NullReporter
 from evoagent.evolve.loop import Search
+from evoagent.evolve.pool import Candidate
+from evoagent.evolve.rl_turn import RLTurn
 from evoagent.llm.scripted import ScriptedBackend
+from evoagent.llm.types import GenerationRequest
 from evoagent.report import write_report
 from evoagent.rl.schedule import RL, SEARCH, recorded
 from evoagent.rl.shaping import EXPLORATION_KEY, CountBonus
@@ -60,8 +64,6 @@ class FakeRL:
         self.reused: dict[int, list] = {}
 
     async def train(self, elite, train, generation, on_step=None, reserve=(), reused=()):
-        from types import SimpleNamespace
-
         self.reused[generation] = list(reused)
         metrics = {"steps_trained": 1, "reward_mean": 0.0, "per_step": []}
         return SimpleNamespace(checkpoint=f"ckpt-{generation}", metrics=metrics, rollouts=[], archive=False)
@@ -98,6 +100,7 @@ def run(tmp_path: Path, right_under, rl: str = "schedule: fixed", generations: i
     policy = ScriptedBackend(handler=lambda r: solve(r.messages[-1]["content"])
                              if right_under(policy.weights_version) else "I think 7")
     fake, log = fake_rl(tmp_path), reporter or Log()
+    fake.policy = policy
     with Archive(spec.run_dir) as archive:
         result = asyncio.run(Search(spec, policy, policy, archive, log, fake).run())
     return spec, result, fake, log
@@ -120,6 +123,40 @@ def test_under_a_budget_the_last_step_is_a_search_generation(tmp_path):
     assert result.generations < 50 and result.calls >= 100
     assert steps[-1].kind == SEARCH and [s.kind for s in steps].count(RL) >= 1
     assert any("would leave no search generation within evolve.max_calls 100" in m for m in log.lines)
+
+
+class CostlyRL(FakeRL):
+    """A phase that asks the policy for far more completions than any estimate of it."""
+
+    async def train(self, elite, train, generation, on_step=None, reserve=(), reused=()):
+        await self.policy.generate([GenerationRequest(({"role": "user", "content": f"x{i}"},), 8, 0.0, i)
+                                    for i in range(300)])
+        return await super().train(elite, train, generation, on_step, reserve, reused)
+
+
+def test_a_phase_that_spends_past_the_budget_is_still_followed_by_a_search_generation(tmp_path):
+    spec, result, _, log = run(tmp_path, lambda v: True, generations="50\n  max_calls: 150", fake_rl=CostlyRL)
+    with Archive(spec.run_dir, write=False) as a:
+        kinds = [s.kind for s in recorded(a)]
+    assert kinds == [SEARCH, RL, SEARCH] and result.calls > 300
+    assert any("ended on an RL phase: one more search generation runs under its weights" in m for m in log.lines)
+
+
+def test_a_first_phase_is_priced_by_the_completions_of_the_agents_it_runs(tmp_path):
+    """A best-of-5 elite asks 5 completions per episode: the generation's average (here mostly
+    plain agents, 1 each) would price its phase at a fraction of what it costs."""
+    spec, *_ = run(tmp_path, lambda v: True, generations=1)
+    turn = RLTurn.__new__(RLTurn)
+    turn.spec, turn.splits = spec, {"val": [None] * 8, "train": [None] * 4}
+    pool = [Candidate(a, 1.0 - i / 10, 0, 0, 1) for i, a in enumerate("abcde")]
+    turn._ranked = lambda pending, version: (pool, None)
+    episode = lambda agent, calls: SimpleNamespace(agent_id=agent, llm_steps=[None] * calls)  # noqa: E731
+    pending = SimpleNamespace(version=0, trajectories=[
+        ("val", episode("a", 5), 0), ("val", episode("a", 5), 0),
+        *(("val", episode(agent, 1), 0) for agent in "bcde" for _ in range(4))])
+    rl = spec.rl  # steps 1, elite 1; inputs_per_step 4 and group_size 4 by default; 4 re-scored
+    rollouts = rl.steps * min(rl.inputs_per_step * rl.oversample, 4) * rl.group_size * 5
+    assert turn._first_phase_requests(pending) == rollouts + 8 * (5 + 1 + 1 + 1)
 
 
 def test_a_phase_that_made_the_best_agent_worse_is_rolled_back_and_said_so(tmp_path):
