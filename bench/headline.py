@@ -342,6 +342,13 @@ def fix_sets(rows: Runs) -> dict[str, int]:
     return out
 
 
+def rl_of(joint: dict[str, dict[str, Any]]) -> str:
+    """Joint's RL phases and their share of its completions, seed by seed: under a budget it
+    skips a phase that would leave no search generation, so a seed may have none."""
+    return ", ".join(f"{seed}: {j['phases']} ({j['rl_share']:.0%} of its completions)"
+                     for seed, j in joint.items()) or "-"
+
+
 def markdown(figures: dict[str, Any]) -> str:
     lines = [
         "| task | row | test (mean of seeds) | 95% CI | per seed | model calls | tokens "
@@ -380,7 +387,8 @@ def markdown(figures: dict[str, Any]) -> str:
         lines.append(
             f"- {task}: `{t['command']}`; seeds {t['seeds']}, {'/'.join(map(str, inputs))} test "
             f"inputs each; mutator {t['mutator']}, joint's schedule {t['schedule']} (its last step: "
-            f"{'/'.join(t['joint_ended_on']) or '-'}), policy {t['policy']}, "
+            f"{'/'.join(t['joint_ended_on']) or '-'}; its RL phases by seed: {rl_of(t['joint_rl'])}), "
+            f"policy {t['policy']}, "
             f"operator policy {t['operator_policy']}; wall-clock cap bound in {t['capped'] or 'no cell'}; "
             f"{t['machine']}; "
             + ", ".join(f"{k} {val}" for k, val in t["versions"].items())
@@ -606,6 +614,9 @@ def summarize_campaign(args: argparse.Namespace, tasks: dict[str, str], grid: li
             "mutator": first.get("mutator", "the task's"),
             "schedule": joint[0].get("schedule") if joint else None,
             "joint_ended_on": sorted({str(r.get("ended_on")) for r in joint}),  # "search": on the program
+            # joint may skip RL (a phase that would leave no search within the budget): say where
+            "joint_rl": {str(c.seed): {"phases": len(r.get("phases", [])), "rl_share": r.get("rl_share", 0.0)}
+                         for c, r in sorted(mine.items()) if c.row == "joint"},
             "capped": sorted(str(c) for c, r in mine.items() if r.get("capped")),
             "policy": args.policy or "the task's",
             "operator_policy": args.operator_policy or "the task's",

@@ -89,6 +89,7 @@ def summarize(folder: Path, grid: list[cells.Cell], at: str) -> dict[str, Any]:
 
     got = cells.gather(folder, grid, at)
     out: dict[str, Any] = {"commit": at, "evoagent_changed_since": cells.drift(at), "tasks": {}}
+    out["budget"] = max((r.get("budget", 0) for r in got.values()), default=0)
     for task in sorted({c.task for c in grid}):
         seeds = sorted({c.seed for c in grid if c.task == task})
         runs_of = {arm: {s: got[cells.Cell(task, arm, s)] for s in seeds} for arm in ARMS}
@@ -106,11 +107,13 @@ def summarize(folder: Path, grid: list[cells.Cell], at: str) -> dict[str, Any]:
                 "phases": sum(len(r.get("phases", [])) for r in runs),
                 "rolled_back": sum(p["rolled_back"] for r in runs for p in r.get("phases", [])),
                 "ended_on": sorted({str(r.get("ended_on")) for r in runs}),
+                "ended_on_rl": {str(s): r["calls"] for s, r in runs_of[arm].items() if r.get("ended_on") == "rl"},
             }
         diffs = {f"{a}_minus_{b}": interval(boot[a] - boot[b])
                  for a, b in (("adaptive", "fixed"), ("adaptive", "evolve"), ("fixed", "evolve"))}
+        same = [s for s in seeds if runs_of["adaptive"][s].get("steps") == runs_of["fixed"][s].get("steps")]
         out["tasks"][task] = {"seeds": seeds, "test_inputs": {str(s): len(v["evolve"]) for s, v in per_seed.items()},
-                              "rows": rows, **diffs}
+                              "rows": rows, "same_steps": same, **diffs}
     better = [t for t, v in out["tasks"].items() if v["adaptive_minus_fixed"][0] > 0]
     worse = [t for t, v in out["tasks"].items() if v["adaptive_minus_fixed"][1] < 0]
     out["adaptive_better_on"], out["adaptive_worse_on"] = better, worse
@@ -130,6 +133,15 @@ def markdown(figures: dict[str, Any]) -> str:
         for key in ("adaptive_minus_fixed", "adaptive_minus_evolve", "fixed_minus_evolve"):
             lo, hi = t[key]
             lines.append(f"| {task} | {key.replace('_minus_', ' - ')} | | [{lo:+.3f}, {hi:+.3f}] | | | | |")
+    lines.append("")
+    for task, t in figures["tasks"].items():
+        if t["same_steps"]:
+            lines.append(f"- {task}: adaptive and fixed took the same steps (searches, phases, completions) "
+                         f"at seed(s) {', '.join(map(str, t['same_steps']))}, so their scores there are equal.")
+        for arm in ARMS:
+            for seed, calls in t["rows"][arm]["ended_on_rl"].items():
+                lines.append(f"- {task} {arm} seed {seed} ended on an RL phase, {calls} completions spent against "
+                             f"a budget of {figures['budget']}: the phase was priced below its cost.")
     lines.append("")
     lines.append(f"Cells ran at commit {figures['commit'][:10]}; the default schedule should be "
                  f"`{figures['default_should_be']}` (adaptive better on {figures['adaptive_better_on'] or 'none'}, "

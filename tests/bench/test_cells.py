@@ -204,3 +204,24 @@ def test_chains_are_dealt_round_robin_and_a_lane_keeps_only_its_own():
         cells.Cell("sums", "evolve", 1), cells.Cell("sums", "joint", 1),
         cells.Cell("gcd", "evolve", 2), cells.Cell("gcd", "joint", 2)]
     assert cells.in_chains(work, None) == work
+
+
+def test_the_schedule_summary_says_where_the_arms_took_the_same_steps_and_where_a_run_ended_on_rl(
+        tmp_path, monkeypatch):
+    """At a budget where one phase fits, fixed and adaptive can choose alike: the summary says at
+    which seeds, so equal scores read as a tie of choices, not of schedules; a run that ended
+    on an RL phase (priced below its cost) is named with what it spent."""
+    grid = schedule.campaign(["gcd"], [0, 1])
+    alike = [{"generation": 1, "kind": "search", "requests": 259}, {"generation": 1, "kind": "rl", "requests": 900}]
+    for c in grid:
+        steps = alike if c.row != "evolve" and (c.seed == 0 or c.row == "fixed") else alike[:1]
+        ended = "rl" if (c.row, c.seed) == ("fixed", 1) else "search"
+        cells.write(tmp_path, c, {"per_input": {"q": 1.0}, "calls": 3400 if ended == "rl" else 2100,
+                                  "budget": 2000, "steps": steps, "ended_on": ended}, "python bench/x.py", 60.0)
+    monkeypatch.setattr(cells, "drift", lambda since, root=ROOT: "")
+    figures = schedule.summarize(tmp_path, grid, "f" * 40)
+    assert figures["tasks"]["gcd"]["same_steps"] == [0]
+    assert figures["tasks"]["gcd"]["rows"]["fixed"]["ended_on_rl"] == {"1": 3400}
+    text = schedule.markdown(figures)
+    assert "gcd: adaptive and fixed took the same steps (searches, phases, completions) at seed(s) 0," in text
+    assert "gcd fixed seed 1 ended on an RL phase, 3400 completions spent against a budget of 2000" in text

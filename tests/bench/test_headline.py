@@ -212,6 +212,10 @@ def test_the_summary_says_which_inputs_each_half_fixed_and_whether_joint_added_t
                  "joint_other": 1, "joint_broke": 1}
     figures = {"tasks": {"t": headline.summarize(rows) | {"command": "c", "seeds": [0], "mutator": "m",
                "schedule": "fixed", "joint_ended_on": ["search"], "policy": "p", "operator_policy": "o",
+               "joint_rl": {"0": {"phases": 0, "rl_share": 0.0}, "1": {"phases": 1, "rl_share": 0.51}},
                "capped": [], "machine": "x", "versions": {}}}, "commit": "f" * 40, "evoagent_changed_since": ""}
+    text = headline.markdown(figures)
     assert "evolve-only fixed 2, RL-only 2, both 1 (union - max: 1); joint fixed 2 of that union and 1 others, " \
-           "and broke 1" in headline.markdown(figures)
+           "and broke 1" in text
+    # under a budget joint may skip RL at a seed: the summary says so, seed by seed
+    assert "its RL phases by seed: 0: 0 (0% of its completions), 1: 1 (51% of its completions))" in text
