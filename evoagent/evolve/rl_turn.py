@@ -79,7 +79,7 @@ class RLTurn:
         cap = cfg.evolve.max_calls
         if cap is None:
             return True
-        need = expected_rl_requests(steps, self._first_phase_requests(pending))
+        need = expected_rl_requests(steps, lambda: self._first_phase_requests(pending))
         if spent + need < cap:
             return True
         self.reporter.log(f"gen {gen}: no RL phase: about {need} completions would leave no search "
@@ -94,8 +94,9 @@ class RLTurn:
         rl, val = self.spec.rl, len(self.splits["val"])
         pool, _ = self._ranked(pending, pending.version)
         drawn = min(rl.inputs_per_step * rl.oversample, len(self.splits["train"]))
-        rollouts = rl.steps * drawn * rl.group_size * sum(self._per_episode(c.id, pending) for c in pool[: rl.elite])
-        rescoring = val * sum(self._per_episode(c.id, pending) for c in pool[: self._rescored()])
+        cost = [self._per_episode(c.id, pending) for c in pool[: self._rescored()]]  # the elite lead them
+        rollouts = rl.steps * drawn * rl.group_size * sum(cost[: rl.elite])
+        rescoring = val * sum(cost)
         return round(rollouts + rescoring)
 
     def _per_episode(self, agent_id: str, pending: Pending) -> float:
