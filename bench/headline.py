@@ -28,8 +28,9 @@ it did (``capped``). Minutes never decide a row.
 Each (task, row, seed) is a cell (``bench/cells.py``): its own process and its own file
 ``<out>/headline/<task>/<row>-s<seed>.json`` with the command, the commit it ran at, the budget
 it spent and each test input's reward. A run does only the missing cells, so a campaign that
-is killed resumes where it stopped; run it from a ``git worktree`` at one commit, writing into
-main's results. Once every asked cell is in, ``headline.json`` and ``headline.md`` are built from
+is killed resumes where it stopped: an evoagent row's cell (seed, evolve, rl, joint) inside its
+own archive, kept until the cell is written (``run_folder``); a GEPA or TRL cell from its start.
+Run it from a ``git worktree`` at one commit, writing into main's results. Once every asked cell is in, ``headline.json`` and ``headline.md`` are built from
 the cells of that commit: a row's score is its mean over seeds, with a 95% CI from a two-level
 bootstrap (seeds, then test inputs within each drawn seed), paired across rows, and joint minus
 the best other row; the summary names the commit and what changed in evoagent/ since.
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -65,8 +67,10 @@ from results_io import RESULTS
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("seed", "gepa", "trl_grpo", "evolve", "rl", "joint")
 SEARCHES = 50  # generations of the budgeted rows: the budget, not this, ends them
-TEST_SEED = 1000  # the test draw of every run seed, unless the task fixes its own
+TEST_SEED = 0  # the test draw of every run seed, unless the task fixes its own: the pool run seed 0
+# draws, where sums' 400 draws of about 200 questions hold the 176 distinct ones its splits need
 MUTATES = ("gepa", "evolve", "joint")  # the rows with a mutator (GEPA's reflection LM)
+SEARCHED = ("seed", "evolve", "rl", "joint")  # evoagent's rows: their archive lets a killed cell resume
 NEEDS = {"gepa": ("gepa", "gepa"), "trl_grpo": ("trl", "trl")}  # row -> (module, pip package)
 DEFAULT_TASKS = ("examples/sums/task.yaml", "examples/equations/task.yaml")
 MUTATOR = "embedded"  # the 135M: more children that beat their parent per CPU-minute (README)
@@ -80,11 +84,11 @@ def spec_for(task: str, row: str, out: str, budget: int | None, opts: argparse.N
     for the rows that mutate (evolve, joint, GEPA's reflection); ``opts.policy`` replacing the
     task's policy model; under ``--quick`` (``opts.model``: a tiny folder) the budgets shrunk
     to a wiring check and the tiny model as both, the mutator as a backend of its own."""
-    from evoagent import runner
+    from evoagent.check import check_spec
+    from evoagent.spec import load_spec
     from evoagent.spec.config import RunSpec
 
-    spec = runner.prepare(task, output=out)
-    d = spec.model_dump(mode="json")
+    d = load_spec(task).model_dump(mode="json") | {"output": out}
     d["seed"] = opts.run_seed
     if d["task"]["splits"]["test_seed"] is None:
         d["task"]["splits"]["test_seed"] = TEST_SEED
@@ -118,7 +122,9 @@ def spec_for(task: str, row: str, out: str, budget: int | None, opts: argparse.N
     elif row == "rl":
         d["rl"] |= {"enabled": True, "every": 1}
         d["evolve"] |= {"generations": SEARCHES, "children": 0, "max_calls": budget}
-    return RunSpec.model_validate(d)
+    spec = RunSpec.model_validate(d)
+    check_spec(spec)
+    return spec
 
 
 def run_search(spec: Any) -> dict[str, Any]:
@@ -169,13 +175,16 @@ def run_search(spec: Any) -> dict[str, Any]:
 
 
 def run_row(args: argparse.Namespace) -> dict[str, Any]:
+    """One row's figures. evoagent's rows search in the cell's run folder (``run_folder``), so a
+    killed cell continues its archive; GEPA and TRL keep no state to resume and start again in
+    a scratch folder."""
     from evoagent.graph import graph_from_dict
 
+    if args.row in SEARCHED:
+        return run_search(spec_for(args.task, args.row, str(run_folder(args)), args.budget, args))
     out = tempfile.mkdtemp(prefix="evoagent-headline-")
     try:
         spec = spec_for(args.task, args.row, out, args.budget, args)
-        if args.row in ("seed", "evolve", "rl", "joint"):
-            return run_search(spec)
         seed = graph_from_dict(
             json.loads(Path(args.seed_graph).read_text()), "the seed row's best agent"
         )
@@ -186,6 +195,15 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         return baselines.trl_grpo_row(spec, seed, args.budget, args.trl_minutes)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def run_folder(args: argparse.Namespace) -> Path:
+    """Where an evoagent row's cell keeps its unfinished run: under the campaign's folder for
+    this commit (``cells.work_dir``), named by the cell and by what else its figures depend on
+    (``settings``, the budget), so that only the same cell of the same campaign resumes it."""
+    key = json.dumps([settings(args, args.row), args.budget, args.task], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return cells.work_dir("headline") / f"{args.cell[0]}-{args.row}-s{args.run_seed}-{digest}"
 
 
 def task_key(task: str, opts: argparse.Namespace) -> str:
@@ -491,11 +509,9 @@ def main() -> None:
     if not seeds:
         refuse("--seeds: name at least one run seed")
     tasks = {task_key(t, args): t for t in (t.strip() for t in args.tasks.split(",")) if t}
-    from evoagent.check import check_spec
     from evoagent.errors import EvoagentError
     from evoagent.llm.embedded import check_model
     from evoagent.rl.schedule import known_schedules
-    from evoagent.spec import load_spec
 
     if args.schedule and args.schedule not in known_schedules():
         refuse(f"--schedule: unknown schedule {args.schedule!r}; known: {known_schedules()}")
@@ -504,10 +520,14 @@ def main() -> None:
         for field, model in (("--mutator", mutator), ("--policy", args.policy)):
             if model:
                 check_model(model, field)
-        for t in tasks.values():
-            check_spec(load_spec(t))
     except (EvoagentError, OSError) as e:
         refuse(str(e))
+    for t in tasks.values():  # as its cells will run it (the test draw, the budget), at every seed
+        for seed in seeds:
+            try:
+                spec_for(t, "joint", tempfile.gettempdir(), None, argparse.Namespace(**vars(args), run_seed=seed))
+            except (EvoagentError, OSError) as e:
+                refuse(f"{t} at run seed {seed}, as the headline runs it: {e}")
     args.out_dir = args.out or (Path(tempfile.mkdtemp(prefix="headline-")) if args.quick else RESULTS)
     args.cells = args.out_dir / "headline"
     grid = cells.grid(tasks, rows, seeds)
@@ -566,6 +586,8 @@ def keep_cell(args: argparse.Namespace) -> None:
                               "schedule": (args.schedule or "the task's") if row == "joint" else None}
     command = "python bench/headline.py " + " ".join(a for a in sys.argv[1:] if a != "--cell")
     print("wrote", cells.write(args.out / "headline", cell, result, command, time.perf_counter() - start))
+    if row in SEARCHED:  # kept: its run is no longer needed to resume it
+        shutil.rmtree(run_folder(args), ignore_errors=True)
 
 
 def settings(args: argparse.Namespace, row: str) -> dict[str, Any]:

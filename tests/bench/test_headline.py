@@ -219,3 +219,50 @@ def test_the_summary_says_which_inputs_each_half_fixed_and_whether_joint_added_t
            "and broke 1" in text
     # under a budget joint may skip RL at a seed: the summary says so, seed by seed
     assert "its RL phases by seed: 0: 0 (0% of its completions), 1: 1 (51% of its completions))" in text
+
+
+def test_a_cell_killed_after_its_search_resumes_its_archive_and_spends_nothing_again(tmp_path, monkeypatch, capsys):
+    import cells
+
+    monkeypatch.setattr(cells, "work_dir", lambda campaign, root=ROOT: tmp_path / "work" / campaign)
+    monkeypatch.chdir(ROOT)
+    tiny = headline.tiny_model(tmp_path / "tiny")
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--cell", "chained_ops", "joint", "0", "--task", TASK,
+                                      "--out", str(tmp_path), "--quick", "--model", tiny])
+    write, kept = cells.write, []
+
+    def killed(folder, cell, result, *rest):  # the process dies before its cell file is written
+        kept.append(result)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cells, "write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        headline.main()
+    [folder] = (tmp_path / "work" / "headline").iterdir()
+    assert folder.name.startswith("chained_ops-joint-s0-") and any(folder.rglob("archive.sqlite"))
+    capsys.readouterr()
+
+    monkeypatch.setattr(cells, "write", write)
+    headline.main()  # the campaign runs the cell again
+    assert "resuming after generation" in capsys.readouterr().out
+    cell = json.loads((tmp_path / "headline" / "chained_ops" / "joint-s0.json").read_text())
+    assert cell["calls"] == kept[0]["calls"] and cell["per_input"] == kept[0]["per_input"]
+    assert not folder.exists()  # kept: its run folder is gone
+
+
+def test_a_task_whose_test_draw_cannot_hold_its_splits_is_refused_before_any_cell_runs(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    sums = "examples/sums/task.yaml"
+    monkeypatch.chdir(ROOT)
+    opts = argparse.Namespace(policy="", operator_policy="", mutator="", model=None, schedule="", joint_budget=2000)
+    for seed in (0, 1, 2):  # the control task, as the campaign runs it
+        spec = headline.spec_for(sums, "joint", str(tmp_path), None, argparse.Namespace(**vars(opts), run_seed=seed))
+        assert spec.task.splits.test_seed == headline.TEST_SEED
+    monkeypatch.setattr(headline, "TEST_SEED", 1000)  # sums' 400 draws hold 169 distinct questions there
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--tasks", sums, "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        headline.main()
+    err = capsys.readouterr().err
+    assert "sums/task.yaml at run seed 0, as the headline runs it: task.splits:" in err and "169 distinct" in err
+    assert not (tmp_path / "headline").exists()
