@@ -84,7 +84,7 @@ def test_hanging_answers_do_not_starve_correct_ones_scored_at_the_same_time():
     beside many hanging ones still finish within the reward's time limit. In a thread pool of
     cpu + 4 threads, 24 hanging runs of 6 s each would hold the correct ones past the 20 s
     reward limit, whatever their own sandbox limit; theirs is 15 s, so that a loaded machine
-    starting 28 sandboxes at once cannot fail them for slowness alone."""
+    starting 36 sandboxes at once cannot fail them for slowness alone."""
     cfg = RewardConfig(kind="unit_tests", extract="code", timeout_s=20)
     hanging = SANDBOX.model_copy(update={"timeout_s": 6})
     correct = SANDBOX.model_copy(update={"timeout_s": 15})
@@ -92,9 +92,9 @@ def test_hanging_answers_do_not_starve_correct_ones_scored_at_the_same_time():
     hang = "```python\nimport time\ndef has_close_elements(numbers, threshold):\n    time.sleep(60)\n```"
 
     async def all_at_once():
-        jobs = [(hang, hanging)] * 24 + [(FIRST.answer, correct)] * 4  # more sleepers than threads
+        jobs = [(hang, hanging)] * 24 + [(FIRST.answer, correct)] * 12  # more sleepers than threads
         return await asyncio.gather(*(score(r, FIRST, cfg, sandbox=lim) for r, lim in jobs))
 
     results = asyncio.run(all_at_once())
-    assert [r.value for r in results[24:]] == [1.0] * 4
+    assert [r.value for r in results[24:]] == [1.0] * 12
     assert all(r.value == 0.0 for r in results[:24])
