@@ -30,10 +30,11 @@ Each (task, row, seed) is a cell (``bench/cells.py``): its own process and its o
 it spent and each test input's reward. A run does only the missing cells, so a campaign that
 is killed resumes where it stopped: an evoagent row's cell (seed, evolve, rl, joint) inside its
 own archive, kept until the cell is written (``run_folder``); a GEPA or TRL cell from its start.
-Run it from a ``git worktree`` at one commit, writing into main's results. Once every asked cell is in, ``headline.json`` and ``headline.md`` are built from
-the cells of that commit: a row's score is its mean over seeds, with a 95% CI from a two-level
-bootstrap (seeds, then test inputs within each drawn seed), paired across rows, and joint minus
-the best other row; the summary names the commit and what changed in evoagent/ since.
+Run it from a ``git worktree`` at one commit, writing into main's results. Once every asked
+cell is in, ``headline.json`` and ``headline.md`` are built from the cells of that commit: a
+row's score is its mean over seeds, with a 95% CI from a two-level bootstrap (seeds, then test
+inputs within each drawn seed), paired across rows, and joint minus the best other row; the
+summary names the commit and what changed in evoagent/ since.
 
     python bench/headline.py [--tasks examples/sums/task.yaml,...] [--seeds 0,1,2]
                              [--rows seed,joint,...] [--mutator NAME] [--schedule adaptive]
@@ -522,12 +523,14 @@ def main() -> None:
                 check_model(model, field)
     except (EvoagentError, OSError) as e:
         refuse(str(e))
-    for t in tasks.values():  # as its cells will run it (the test draw, the budget), at every seed
-        for seed in seeds:
-            try:
-                spec_for(t, "joint", tempfile.gettempdir(), None, argparse.Namespace(**vars(args), run_seed=seed))
-            except (EvoagentError, OSError) as e:
-                refuse(f"{t} at run seed {seed}, as the headline runs it: {e}")
+    # Each task as its cells will run it (the test draw, the budget). Once is enough: the pool is
+    # drawn at the test seed whatever the run seed (tasks.datasets.data_seed), which only reorders it.
+    as_run = argparse.Namespace(**vars(args), run_seed=seeds[0])
+    for t in tasks.values():
+        try:
+            spec_for(t, "joint", tempfile.gettempdir(), None, as_run)
+        except (EvoagentError, OSError) as e:
+            refuse(f"{t} at run seed {seeds[0]}, as the headline runs it: {e}")
     args.out_dir = args.out or (Path(tempfile.mkdtemp(prefix="headline-")) if args.quick else RESULTS)
     args.cells = args.out_dir / "headline"
     grid = cells.grid(tasks, rows, seeds)
