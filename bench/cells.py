@@ -260,10 +260,16 @@ def campaign_commit(folder: Path, cells: Sequence[Cell]) -> str | None:
     return max(seen, key=lambda k: seen[k]) if seen else None
 
 
-def summary_commit(given: str | None, folder: Path, cells: Sequence[Cell]) -> str:
-    """The commit a ``--plan`` or ``--summarize`` speaks of: ``--commit`` if given, else the
-    campaign's (``campaign_commit``), else this checkout's HEAD (no cell has run yet)."""
-    return given or campaign_commit(folder, cells) or commit()[0]
+def summary_commit(given: str | None, folder: Path, cells: Sequence[Cell], root: Path = ROOT) -> str:
+    """The commit a ``--plan`` or ``--summarize`` speaks of: ``--commit`` if given (any name
+    git knows: a short hash, a tag; cells record the full hash), else the campaign's
+    (``campaign_commit``), else this checkout's HEAD (no cell has run yet)."""
+    if not given:
+        return campaign_commit(folder, cells) or commit(root)[0]
+    try:
+        return _git(root, "rev-parse", "--verify", "--quiet", f"{given}^{{commit}}")
+    except subprocess.CalledProcessError:
+        raise SystemExit(f"--commit: {given!r} names no commit in this repository") from None
 
 
 def write_summary(

@@ -205,9 +205,7 @@ def main() -> None:
     if args.summarize:
         every = [cells.Cell(f"{n}-L{lv}", r, SEED) for n in names for lv in range(len(CANDIDATES[n][2]))
                  for r in ("seed", "evolve", "rl")]
-        at = args.commit or cells.campaign_commit(args.results, every)
-        if at is None:
-            sys.exit(f"no cells in {args.results}")
+        at = cells.summary_commit(args.commit, args.results, every)
         get = lambda cell: cells.gather(args.results, [cell], at)[cell]  # noqa: E731
     else:
         head, dirty = cells.commit()

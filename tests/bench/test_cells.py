@@ -71,7 +71,14 @@ def test_a_summary_speaks_of_the_commit_given_else_the_campaigns_else_head(tmp_p
     for c in grid[1:]:
         c.path(tmp_path).write_text(json.dumps(data))
     assert cells.summary_commit(None, tmp_path, grid) == "0" * 40  # the campaign's, not HEAD
-    assert cells.summary_commit("1" * 40, tmp_path, grid) == "1" * 40
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (["init", "-q"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "a"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    full = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert cells.summary_commit(full[:7], tmp_path, grid, root=repo) == full  # as the cells record it
+    with pytest.raises(SystemExit, match="--commit: 'abbeec4' names no commit in this repository"):
+        cells.summary_commit("abbeec4", tmp_path, grid, root=repo)
 
 
 def test_a_cell_file_is_written_whole_with_its_commit(tmp_path):
