@@ -13,13 +13,16 @@ only the method differs: the same policy backend, task, reward and splits.
   is served by evoagent's backend for the test.
 
 Both return the row's figures plus the per-input test rewards the paired bootstrap needs.
+Both keep their state in a run folder (GEPA's ``run_dir``, TRL's checkpoints) with what they
+have spent (``Progress``), so a row killed partway resumes there instead of starting over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
-import tempfile
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from evoagent.graph.model import AgentGraph, LLMNode
 from evoagent.llm.backend import Backend, total_usage
 from evoagent.llm.factory import make_backend, make_backends
 from evoagent.llm.hardware import resolve_device, resolve_dtype
-from evoagent.llm.types import GenerationRequest, Message
+from evoagent.llm.types import GenerationRequest, Message, Usage
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, task_data
 from evoagent.tasks.rewards import score
@@ -142,11 +145,61 @@ class _Reflection:
         return gen.text
 
 
+class Progress:
+    """What a baseline row has spent across the processes that ran it (completions, tokens,
+    seconds), kept in ``<run_dir>/progress.json`` each time the row saves its state. A row
+    resumed after a kill counts what its saved state cost, not the work that died with the
+    process: that work is done again and counted once."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "progress.json"
+        self.before: dict[str, float] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.start = time.perf_counter()
+
+    @property
+    def resumed(self) -> bool:
+        return bool(self.before)
+
+    def seconds(self) -> float:
+        return float(self.before.get("wall_s", 0.0)) + time.perf_counter() - self.start
+
+    def save(self, calls: int, tokens: int) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"calls": calls, "tokens": tokens, "wall_s": round(self.seconds(), 1)}))
+        os.replace(tmp, self.path)
+
+
+class _GepaSpent:
+    """A ``gepa.GEPACallback`` that keeps ``Progress`` beside GEPA's saved state. A resumed
+    GEPA evaluates its seed on val again before it loads its state: those completions repeat
+    work the state holds, so this process's count starts at GEPA's first save."""
+
+    def __init__(self, models: list[Backend], progress: Progress) -> None:
+        self.models, self.progress = models, progress
+        self.base: Usage | None = None if progress.resumed else Usage()
+
+    def usage(self) -> tuple[int, int]:
+        now = total_usage(self.models)
+        base = self.base or now
+        before = self.progress.before
+        return (int(before.get("calls", 0)) + now.calls - base.calls,
+                int(before.get("tokens", 0)) + now.tokens - base.tokens)
+
+    def on_state_saved(self, event: Any) -> None:
+        if self.base is None:
+            self.base = total_usage(self.models)
+        self.progress.save(*self.usage())
+
+    on_optimization_end = on_state_saved  # after GEPA's last save
+
+
 async def gepa_row(
-    spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float
+    spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float, run_dir: Path
 ) -> dict[str, Any]:
     """GEPA on ``seed``'s system texts until the models generated ``budget`` completions (or
-    ``max_minutes`` passed); the best candidate by val is scored on test once."""
+    ``max_minutes`` passed); the best candidate by val is scored on test once. GEPA keeps its
+    state in ``run_dir``: a row killed partway goes on from its last iteration there."""
     import gepa
 
     splits = splits_of(spec)
@@ -159,13 +212,13 @@ async def gepa_row(
     answers = {e.id: e.answer for part in splits.values() for e in part}
     adapter = EvoagentAdapter(seed, evaluator, loop, answers)
     components = {n.id: n.system for n in seed.nodes if isinstance(n, LLMNode)}
-    spent = lambda: total_usage([policy, mutator]).calls  # noqa: E731
+    progress = Progress(run_dir)
+    spent = _GepaSpent([policy, mutator], progress)
 
     class _Silent:
         def log(self, message: str) -> None: ...
 
-    start = time.perf_counter()
-    stop = lambda _state: spent() >= budget or time.perf_counter() - start > max_minutes * 60  # noqa: E731
+    stop = lambda _state: spent.usage()[0] >= budget or progress.seconds() > max_minutes * 60  # noqa: E731
     try:
         result = await asyncio.to_thread(
             gepa.optimize,
@@ -175,11 +228,13 @@ async def gepa_row(
             adapter=adapter,
             reflection_lm=_Reflection(mutator, loop),
             stop_callbacks=[stop],
+            callbacks=[spent],
+            run_dir=str(run_dir / "gepa"),
             logger=_Silent(),
             seed=spec.seed,
         )
-        used = total_usage([policy, mutator])
-        wall = time.perf_counter() - start
+        calls, tokens = spent.usage()
+        wall = progress.seconds()
         best = with_systems(seed, dict(result.best_candidate))
         test = await evaluator.evaluate(best, splits["test"])
     finally:
@@ -190,11 +245,12 @@ async def gepa_row(
     return {
         "test": test.score,
         "val": float(result.val_aggregate_scores[result.best_idx]),
-        "calls": used.calls,
-        "tokens": used.tokens,
+        "calls": calls,
+        "tokens": tokens,
         "wall_s": round(wall, 1),
         "candidates": result.num_candidates,
-        "capped": used.calls < budget,  # stopped by the wall-clock cap, not the budget
+        "capped": calls < budget,  # stopped by the wall-clock cap, not the budget
+        "calls_before_resume": int(progress.before.get("calls", 0)),
         "best_graph": best.model_dump(mode="json"),
         "per_input": per_input(test),
     }
@@ -202,14 +258,16 @@ async def gepa_row(
 
 # -- TRL GRPO --------------------------------------------------------------------------------
 def trl_grpo_row(
-    spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float
+    spec: RunSpec, seed: AgentGraph, budget: int, max_minutes: float, run_dir: Path
 ) -> dict[str, Any]:
     """TRL's GRPOTrainer on ``seed``'s prompts for ``budget`` sampled completions (or until
     ``max_minutes``), the task's GRPO settings; then the seed program is tested on the trained
-    weights through evoagent's backend."""
+    weights through evoagent's backend. A checkpoint after every step in ``run_dir`` lets a row
+    killed partway go on from its last step (TRL's own ``resume_from_checkpoint``)."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
+    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer
 
     from evoagent.rl.policy import LORA_TARGETS
@@ -226,7 +284,7 @@ def trl_grpo_row(
     backend = make_backend(spec.policy)
     per_step = rl.inputs_per_step * rl.oversample * rl.group_size
     steps = max(1, budget // per_step)
-    lengths: list[float] = []
+    progress = Progress(run_dir)
 
     def reward(completions: list[list[Message]], id: list[str], **_: Any) -> list[float]:
         async def all_() -> list[float]:
@@ -238,17 +296,19 @@ def trl_grpo_row(
 
         return asyncio.run(all_())
 
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.t0 = time.perf_counter()
+    def spent(state: Any) -> tuple[int, int]:
+        """Completions and tokens of the steps done (the log history survives a resume)."""
+        lengths = [float(h["completions/mean_length"]) for h in state.log_history
+                   if "completions/mean_length" in h]
+        return state.global_step * per_step, round(sum(lengths[: state.global_step]) * per_step)
 
+    class Clock(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if time.perf_counter() - self.t0 > max_minutes * 60:
+            if progress.seconds() > max_minutes * 60:
                 control.should_training_stop = True
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
-            if logs and "completions/mean_length" in logs:
-                lengths.append(float(logs["completions/mean_length"]))
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            progress.save(*spent(state))
 
     # the chat evoagent's executor sends the node (the seed is one node: no upstream outputs)
     rows = [
@@ -257,42 +317,44 @@ def trl_grpo_row(
     ]
     repeats = math.ceil(steps * per_step / rl.group_size / len(rows)) + 1
     device = resolve_device(spec.policy.device)  # where the backend put the model TRL trains
-    with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(
-            output_dir=tmp,
-            use_cpu=device == "cpu",
-            bf16=resolve_dtype(spec.policy.dtype, device) == "bfloat16",
-            max_steps=steps,
-            per_device_train_batch_size=per_step,
-            num_generations=rl.group_size,
-            max_completion_length=node.max_tokens,
-            learning_rate=rl.lr,
-            temperature=rl.temperature,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            seed=spec.seed,
-            gradient_checkpointing=rl.gradient_checkpointing,
-        )
-        trainer = GRPOTrainer(
-            model=backend.trainable_model(),
-            processing_class=backend.tokenizer,  # type: ignore[attr-defined]
-            reward_funcs=[reward],
-            args=args,
-            train_dataset=Dataset.from_list(rows * repeats),
-            callbacks=[Clock()],
-            peft_config=LoraConfig(
-                r=rl.lora_rank,
-                lora_alpha=rl.lora_alpha,
-                lora_dropout=0.0,
-                target_modules=list(LORA_TARGETS),
-                task_type="CAUSAL_LM",
-            ),
-        )
-        start = time.perf_counter()
-        trainer.train()
-        wall = time.perf_counter() - start
-        done = trainer.state.global_step
+    out = run_dir / "trl"
+    args = GRPOConfig(
+        output_dir=str(out),
+        use_cpu=device == "cpu",
+        bf16=resolve_dtype(spec.policy.dtype, device) == "bfloat16",
+        max_steps=steps,
+        per_device_train_batch_size=per_step,
+        num_generations=rl.group_size,
+        max_completion_length=node.max_tokens,
+        learning_rate=rl.lr,
+        temperature=rl.temperature,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=1,
+        seed=spec.seed,
+        gradient_checkpointing=rl.gradient_checkpointing,
+    )
+    trainer = GRPOTrainer(
+        model=backend.trainable_model(),
+        processing_class=backend.tokenizer,  # type: ignore[attr-defined]
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows * repeats),
+        callbacks=[Clock()],
+        peft_config=LoraConfig(
+            r=rl.lora_rank,
+            lora_alpha=rl.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=list(LORA_TARGETS),
+            task_type="CAUSAL_LM",
+        ),
+    )
+    trainer.train(resume_from_checkpoint=get_last_checkpoint(str(out)) if out.is_dir() else None)
+    wall = progress.seconds()
+    done = trainer.state.global_step
+    calls, tokens = spent(trainer.state)
 
     async def test() -> Evaluation:
         backend.sync_weights(trainer.model)  # type: ignore[attr-defined]
@@ -309,11 +371,12 @@ def trl_grpo_row(
     ev = asyncio.run(test())
     return {
         "test": ev.score,
-        "calls": done * per_step,
-        "tokens": round(sum(lengths[:done]) * per_step),
+        "calls": calls,
+        "tokens": tokens,
         "wall_s": round(wall, 1),
         "steps": done,
         "steps_planned": steps,
         "capped": done < steps,  # stopped by the wall-clock cap, not the budget
+        "calls_before_resume": int(progress.before.get("calls", 0)),
         "per_input": per_input(ev),
     }

@@ -244,7 +244,7 @@ def gather(folder: Path, cells: Sequence[Cell], at: str, dirty_ok: bool = False)
         if data is None:
             raise SystemExit(f"cell {c} is missing: run the campaign to the end first")
         if data["commit"] != at or (data.get("dirty") and not dirty_ok):
-            state = "with uncommitted changes" if data.get("dirty") else f"at {data['commit'][:10]}"
+            state = f"at {data['commit'][:10]}" if data["commit"] != at else "with uncommitted changes"
             raise SystemExit(f"cell {c} ran {state}, not at the campaign's commit {at[:10]}: "
                              "run it again (delete its file) or name its commit")
         out[c] = data

@@ -28,8 +28,9 @@ it did (``capped``). Minutes never decide a row.
 Each (task, row, seed) is a cell (``bench/cells.py``): its own process and its own file
 ``<out>/headline/<task>/<row>-s<seed>.json`` with the command, the commit it ran at, the budget
 it spent and each test input's reward. A run does only the missing cells, so a campaign that
-is killed resumes where it stopped: an evoagent row's cell (seed, evolve, rl, joint) inside its
-own archive, kept until the cell is written (``run_folder``); a GEPA or TRL cell from its start.
+is killed resumes where it stopped, each cell in its own run folder kept until the cell is
+written (``run_folder``): an evoagent row (seed, evolve, rl, joint) in its archive, GEPA in its
+saved state, TRL from its last checkpoint.
 Run it from a ``git worktree`` at one commit, writing into main's results. Once every asked
 cell is in, ``headline.json`` and ``headline.md`` are built from the cells of that commit: a
 row's score is its mean over seeds, with a 95% CI from a two-level bootstrap (seeds, then test
@@ -71,7 +72,7 @@ SEARCHES = 50  # generations of the budgeted rows: the budget, not this, ends th
 TEST_SEED = 0  # the test draw of every run seed, unless the task fixes its own: the pool run seed 0
 # draws, where sums' 400 draws of about 200 questions hold the 176 distinct ones its splits need
 MUTATES = ("gepa", "evolve", "joint")  # the rows with a mutator (GEPA's reflection LM)
-SEARCHED = ("seed", "evolve", "rl", "joint")  # evoagent's rows: their archive lets a killed cell resume
+SEARCHED = ("seed", "evolve", "rl", "joint")  # evoagent's rows (the others are baselines.py's)
 NEEDS = {"gepa": ("gepa", "gepa"), "trl_grpo": ("trl", "trl")}  # row -> (module, pip package)
 DEFAULT_TASKS = ("examples/sums/task.yaml", "examples/equations/task.yaml")
 MUTATOR = "embedded"  # the 135M: more children that beat their parent per CPU-minute (README)
@@ -176,30 +177,25 @@ def run_search(spec: Any) -> dict[str, Any]:
 
 
 def run_row(args: argparse.Namespace) -> dict[str, Any]:
-    """One row's figures. evoagent's rows search in the cell's run folder (``run_folder``), so a
-    killed cell continues its archive; GEPA and TRL keep no state to resume and start again in
-    a scratch folder."""
+    """One row's figures, worked out in the cell's run folder (``run_folder``), so a killed cell
+    goes on where it stopped: evoagent's rows in their archive, GEPA in its saved state, TRL
+    from its last checkpoint."""
     from evoagent.graph import graph_from_dict
 
+    folder = run_folder(args)
+    spec = spec_for(args.task, args.row, str(folder), args.budget, args)
     if args.row in SEARCHED:
-        return run_search(spec_for(args.task, args.row, str(run_folder(args)), args.budget, args))
-    out = tempfile.mkdtemp(prefix="evoagent-headline-")
-    try:
-        spec = spec_for(args.task, args.row, out, args.budget, args)
-        seed = graph_from_dict(
-            json.loads(Path(args.seed_graph).read_text()), "the seed row's best agent"
-        )
-        import baselines
+        return run_search(spec)
+    seed = graph_from_dict(json.loads(Path(args.seed_graph).read_text()), "the seed row's best agent")
+    import baselines
 
-        if args.row == "gepa":
-            return asyncio.run(baselines.gepa_row(spec, seed, args.budget, args.gepa_minutes))
-        return baselines.trl_grpo_row(spec, seed, args.budget, args.trl_minutes)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    if args.row == "gepa":
+        return asyncio.run(baselines.gepa_row(spec, seed, args.budget, args.gepa_minutes, folder))
+    return baselines.trl_grpo_row(spec, seed, args.budget, args.trl_minutes, folder)
 
 
 def run_folder(args: argparse.Namespace) -> Path:
-    """Where an evoagent row's cell keeps its unfinished run: under the campaign's folder for
+    """Where a cell keeps its unfinished run: under the campaign's folder for
     this commit (``cells.work_dir``), named by the cell and by what else its figures depend on
     (``settings``, the budget), so that only the same cell of the same campaign resumes it."""
     key = json.dumps([settings(args, args.row), args.budget, args.task], sort_keys=True)
@@ -551,21 +547,22 @@ def main() -> None:
         stale = [c for c in grid if c in todo.missing or mismatch(c, cells.read(args.cells, c), args) is not None]
         cells.run_lanes([*sys.argv, "--out", str(args.out_dir)], cells.deal(stale, args.lanes))  # --quick: one folder
     else:
-        run_chains(args, tasks, cells.in_chains(grid, args.chains), set(todo.missing))
+        run_chains(args, tasks, cells.in_chains(grid, args.chains), head)
     if args.chains is None:  # a lane leaves the summary to the campaign that started it
         summarize_campaign(args, tasks, grid, head)
 
 
-def run_chains(args: argparse.Namespace, tasks: dict[str, str], grid: list[cells.Cell],
-               missing: set[cells.Cell]) -> None:
-    """Run ``grid``'s cells that are ``missing`` or kept with other settings, in order (a row
-    needs its seed's seed and joint rows first); refuse a task whose seed agents all score 0."""
+def run_chains(args: argparse.Namespace, tasks: dict[str, str], grid: list[cells.Cell], at: str) -> None:
+    """Run ``grid``'s cells in order (a row needs its seed's seed and joint rows first), each
+    unless it is kept at commit ``at`` with this campaign's settings when its turn comes, so a
+    cell that another process finished meanwhile is not run again; refuse a task whose seed
+    agents all score 0."""
     work = Path(tempfile.mkdtemp(prefix="headline-work-"))
     args.model = tiny_model(work / "tiny-model") if args.quick else None
     try:
         for cell in grid:
             data = cells.read(args.cells, cell)
-            if cell in missing or mismatch(cell, data, args) is not None:
+            if data is None or data["commit"] != at or mismatch(cell, data, args) is not None:
                 data = run_cell(tasks[cell.task], cell, args, work)
             assert data is not None
             if cell.row == "seed" and data["val"] <= 0 and (args.require_signal or not args.quick):
@@ -589,8 +586,7 @@ def keep_cell(args: argparse.Namespace) -> None:
                               "schedule": (args.schedule or "the task's") if row == "joint" else None}
     command = "python bench/headline.py " + " ".join(a for a in sys.argv[1:] if a != "--cell")
     print("wrote", cells.write(args.out / "headline", cell, result, command, time.perf_counter() - start))
-    if row in SEARCHED:  # kept: its run is no longer needed to resume it
-        shutil.rmtree(run_folder(args), ignore_errors=True)
+    shutil.rmtree(run_folder(args), ignore_errors=True)  # kept: its run is no longer needed
 
 
 def settings(args: argparse.Namespace, row: str) -> dict[str, Any]:

@@ -266,3 +266,26 @@ def test_a_task_whose_test_draw_cannot_hold_its_splits_is_refused_before_any_cel
     err = capsys.readouterr().err
     assert "sums/task.yaml at run seed 0, as the headline runs it: task.splits:" in err and "169 distinct" in err
     assert not (tmp_path / "headline").exists()
+
+
+def test_a_cell_another_process_finished_meanwhile_is_not_run_again(tmp_path, monkeypatch):
+    import argparse
+
+    import cells
+
+    args = argparse.Namespace(cells=tmp_path, quick=False, require_signal=False, mutator="m", policy="",
+                              operator_policy="", schedule="fixed", joint_budget=100, trl_minutes=1.0,
+                              gepa_minutes=1.0)
+    grid = [cells.Cell("t", "seed", 0), cells.Cell("t", "joint", 0), cells.Cell("t", "evolve", 0)]
+    ran = []
+
+    def run_cell(task, cell, opts, work):
+        ran.append(cell)
+        for c in [cell] + ([grid[1]] if cell.row == "seed" else []):  # meanwhile, another process ran joint
+            cells.write(tmp_path, c, {"val": 0.5, "calls": 100, "budget": 100 if c.row == "evolve" else None,
+                                      "settings": headline.settings(opts, c.row), "per_input": {}}, "x", 1.0)
+        return cells.read(tmp_path, cell)
+
+    monkeypatch.setattr(headline, "run_cell", run_cell)
+    headline.run_chains(args, {"t": "t.yaml"}, grid, cells.commit()[0])
+    assert ran == [grid[0], grid[2]]
