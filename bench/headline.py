@@ -215,7 +215,7 @@ def task_key(task: str, opts: argparse.Namespace) -> str:
 def run_cell(task: str, cell: cells.Cell, opts: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One cell in its own process (this script with ``--cell``), after the cells it needs: the
     seed row's best agent (every row starts from it) and the joint row's spending (the budget)."""
-    kept = lambda row: cells.read(opts.cells, cells.Cell(cell.task, row, cell.seed))  # noqa: E731
+    sibling = lambda row: cells.read(opts.cells, cells.Cell(cell.task, row, cell.seed))  # noqa: E731
     cmd = [__file__, "--cell", cell.task, cell.row, str(cell.seed), "--task", task,
            "--out", str(opts.out_dir), "--trl-minutes", str(opts.trl_minutes),
            "--gepa-minutes", str(opts.gepa_minutes), "--mutator", opts.mutator, "--policy", opts.policy,
@@ -223,10 +223,10 @@ def run_cell(task: str, cell: cells.Cell, opts: argparse.Namespace, work: Path) 
            "--joint-budget", str(opts.joint_budget)]
     if cell.row != "seed":
         seed_graph = work / f"{cell.task}-{cell.seed}-seed.json"
-        seed_graph.write_text(json.dumps(kept("seed")["best_graph"]))
+        seed_graph.write_text(json.dumps(sibling("seed")["best_graph"]))
         cmd += ["--seed-graph", str(seed_graph)]
     if cell.row not in ("seed", "joint"):
-        cmd += ["--budget", str(int(kept("joint")["calls"]))]
+        cmd += ["--budget", str(int(sibling("joint")["calls"]))]
     if opts.model is not None:
         cmd += ["--model", opts.model]
     if opts.quick:  # the cell keeps the campaign's settings, --quick among them
@@ -544,7 +544,7 @@ def main() -> None:
     todo = cells.plan(args.cells, grid, head, lambda c: GUESS_S[c.row])
     print(todo.describe(), flush=True)
     if args.lanes > 1 and args.chains is None:
-        stale = [c for c in grid if c in todo.missing or mismatch(c, cells.read(args.cells, c), args) is not None]
+        stale = [c for c in grid if kept(c, args, head) is None]
         cells.run_lanes([*sys.argv, "--out", str(args.out_dir)], cells.deal(stale, args.lanes))  # --quick: one folder
     else:
         run_chains(args, tasks, cells.in_chains(grid, args.chains), head)
@@ -561,10 +561,7 @@ def run_chains(args: argparse.Namespace, tasks: dict[str, str], grid: list[cells
     args.model = tiny_model(work / "tiny-model") if args.quick else None
     try:
         for cell in grid:
-            data = cells.read(args.cells, cell)
-            if data is None or data["commit"] != at or mismatch(cell, data, args) is not None:
-                data = run_cell(tasks[cell.task], cell, args, work)
-            assert data is not None
+            data = kept(cell, args, at) or run_cell(tasks[cell.task], cell, args, work)
             if cell.row == "seed" and data["val"] <= 0 and (args.require_signal or not args.quick):
                 refuse(f"{tasks[cell.task]} (seed {cell.seed}): every seed agent scores 0 on val "
                        f"({data['seed_vals']}): no learning signal exists (GRPO groups that all "
@@ -596,6 +593,13 @@ def settings(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "joint_budget": args.joint_budget if row == "joint" else None,
             "trl_minutes": args.trl_minutes if row == "trl_grpo" else None,
             "gepa_minutes": args.gepa_minutes if row == "gepa" else None, "quick": bool(args.quick)}
+
+
+def kept(cell: cells.Cell, args: argparse.Namespace, at: str) -> dict[str, Any] | None:
+    """``cell``'s kept result if it belongs to this campaign (it ran at commit ``at``, with its
+    settings and budget: ``mismatch``), else None: the cell must run."""
+    data = cells.read(args.cells, cell)
+    return data if data is not None and data["commit"] == at and mismatch(cell, data, args) is None else None
 
 
 def mismatch(cell: cells.Cell, data: dict[str, Any] | None, args: argparse.Namespace) -> str | None:
