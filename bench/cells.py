@@ -251,13 +251,23 @@ def gather(folder: Path, cells: Sequence[Cell], at: str, dirty_ok: bool = False)
     return out
 
 
-def campaign_commit(folder: Path, cells: Sequence[Cell]) -> str | None:
-    """The commit most of the done cells ran at: the campaign's, unless ``--commit`` says."""
+def campaign_commit(folder: Path, cells: Sequence[Cell], root: Path = ROOT) -> str | None:
+    """The campaign's commit, unless ``--commit`` says: the newest (by commit time) that a done
+    cell ran at. A campaign restarted at a later commit runs every cell again, so until it
+    catches up, the cells it has yet to replace outnumber its own and must not outvote it.
+    Among commits this repository lacks, or made in the same second, most cells win."""
     seen: dict[str, int] = {}
     for c in cells:
         if (data := read(folder, c)) is not None:
             seen[data["commit"]] = seen.get(data["commit"], 0) + 1
-    return max(seen, key=lambda k: seen[k]) if seen else None
+
+    def when(sha: str) -> int:
+        try:
+            return int(_git(root, "show", "-s", "--format=%ct", sha))
+        except subprocess.CalledProcessError:
+            return -1
+
+    return max(seen, key=lambda k: (when(k), seen[k])) if seen else None
 
 
 def summary_commit(given: str | None, folder: Path, cells: Sequence[Cell], root: Path = ROOT) -> str:
@@ -265,7 +275,7 @@ def summary_commit(given: str | None, folder: Path, cells: Sequence[Cell], root:
     git knows: a short hash, a tag; cells record the full hash), else the campaign's
     (``campaign_commit``), else this checkout's HEAD (no cell has run yet)."""
     if not given:
-        return campaign_commit(folder, cells) or commit(root)[0]
+        return campaign_commit(folder, cells, root) or commit(root)[0]
     try:
         return _git(root, "rev-parse", "--verify", "--quiet", f"{given}^{{commit}}")
     except subprocess.CalledProcessError:

@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=FOLDER, help="where the cells are kept")
     ap.add_argument("--plan", action="store_true", help="list done and missing cells, and stop")
     ap.add_argument("--summarize", action="store_true", help="write exploration.json/.md from the cells, run none")
-    ap.add_argument("--commit", help="the campaign's commit (default: that of most done cells)")
+    ap.add_argument("--commit", help="the campaign's commit (default: the newest a done cell ran at)")
     ap.add_argument("--cell", nargs=3, metavar=("GAME", "ARM", "SEED"), help=argparse.SUPPRESS)
     cells.add_lane_args(ap)
     args = ap.parse_args()

@@ -473,7 +473,7 @@ def main() -> None:
                     "--quick: a temporary one)")
     ap.add_argument("--plan", action="store_true", help="list done, missing and other-commit cells, and stop")
     ap.add_argument("--summarize", action="store_true", help="write headline.json/.md from the cells, run none")
-    ap.add_argument("--commit", help="the campaign's commit (default: that of most done cells)")
+    ap.add_argument("--commit", help="the campaign's commit (default: the newest a done cell ran at)")
     ap.add_argument("--trl-minutes", type=float, default=600.0, help="safety cap of the TRL row")
     ap.add_argument("--gepa-minutes", type=float, default=600.0, help="safety cap of the GEPA row")
     ap.add_argument("--cell", nargs=3, metavar=("TASK", "ROW", "SEED"), help=argparse.SUPPRESS)

@@ -187,7 +187,7 @@ def main() -> None:
     ap.add_argument("--plan", action="store_true")
     ap.add_argument("--summarize", action="store_true",
                     help="write split_screen.json/.md beside --results from the cells, running none")
-    ap.add_argument("--commit", help="with --summarize: the campaign's commit (default: that of most cells)")
+    ap.add_argument("--commit", help="with --summarize: the campaign's commit (default: the newest a done cell ran at)")
     ap.add_argument("--cell", nargs=2, metavar=("TASK", "ROW"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"

@@ -81,6 +81,26 @@ def test_a_summary_speaks_of_the_commit_given_else_the_campaigns_else_head(tmp_p
         cells.summary_commit("abbeec4", tmp_path, grid, root=repo)
 
 
+def test_a_restarted_campaign_is_the_campaign_before_it_outnumbers_the_cells_left_from_before(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    shas = []
+    for when in ("2026-12-01T00:00:00", "2026-12-02T00:00:00"):
+        env = os.environ | {"GIT_COMMITTER_DATE": when, "GIT_AUTHOR_DATE": when}
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty",
+                        "-m", when], cwd=repo, check=True, env=env)
+        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip())
+    old, new = shas
+    grid = cells.grid(["gcd"], ["evolve"], [0, 1, 2])
+    for c, sha in zip(grid, [old, old, new]):
+        finish(tmp_path, c, {"a": 1.0})
+        c.path(tmp_path).write_text(json.dumps(json.loads(c.path(tmp_path).read_text()) | {"commit": sha}))
+    assert cells.summary_commit(None, tmp_path, grid, root=repo) == new
+    plan = cells.plan(tmp_path, grid, cells.summary_commit(None, tmp_path, grid, root=repo), lambda c: 60.0)
+    assert plan.done == grid[2:] and set(plan.other) == set(grid[:2])
+
+
 def test_a_cell_file_is_written_whole_with_its_commit(tmp_path):
     cell = cells.Cell("gcd", "adaptive", 2)
     finish(tmp_path, cell, {"q1": 1.0})
