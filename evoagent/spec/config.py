@@ -115,7 +115,9 @@ class DatasetConfig(_Frozen):
 
     kind: str = Field(description="dataset registry key: jsonl | python | reasoning_gym | humaneval | textarena")
     path: str | None = Field(None, description="jsonl: file relative to the task file")
-    name: str | None = Field(None, description="reasoning_gym: generator name")
+    name: str | None = Field(
+        None, description="reasoning_gym: generator name; textarena: environment id (e.g. FrozenLake-v0-train)"
+    )
     ref: str | None = Field(None, description="python: 'module:function' returning examples")
     options: dict[str, Any] = Field(default_factory=dict, description="passed to the generator")
     size: int = Field(200, ge=1, description="examples to draw from a generator")
@@ -163,7 +165,11 @@ class OperatorRef(_Frozen):
     """One mutation operator and how often it is drawn."""
 
     name: str = Field(description="built-in name, 'module:function', or an entry point")
-    weight: float = Field(1.0, gt=0)
+    weight: float = Field(
+        1.0, gt=0,
+        description="how often it is drawn, relative to the others: fixed draws in proportion to it; "
+        "adaptive multiplies the operator's Thompson sample by it",
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="the operator's settings (e.g. learn_edges: iterations, samples, inputs, lr, "
