@@ -43,7 +43,7 @@ def hang(argument):
 def rename(parents, ctx):
     g = parents[0]
     seen = len(ctx.history())
-    node = g.node(g.exit).model_copy(update={"system": f"v{ctx.rng.randint(0, 10**6)} of {seen}"})
+    node = g.node(g.exit).model_copy(update={"system": f"v{ctx.rng.randint(0, 10**6)} of {seen} in {os.getpid()}"})
     return g.replace_node(node)
 
 def sleepy(parents, ctx):
@@ -133,7 +133,9 @@ def test_a_sync_operator_runs_in_a_worker_with_history_and_the_slots_rng(plugin)
     ctx, alone = context(), context()
     child = asyncio.run(Operator("rename", plugin.rename).apply([graph()], ctx, UserCode(), 10))
     expected = plugin.rename([graph()], alone)  # what the operator does in this process
-    assert child == expected and child.node("a").system.endswith("of 2")
+    made, here = child.node("a").system.split(" in "), expected.node("a").system.split(" in ")
+    assert made[0] == here[0] and made[0].endswith("of 2")  # the same draw, the same history
+    assert made[1] != here[1] == str(os.getpid())  # but made in another process
     assert ctx.rng.random() == alone.rng.random()  # the worker's draws came back
 
 

@@ -125,10 +125,16 @@ def test_export_writes_a_folder_that_runs_without_the_archive(run, tmp_path):
     text = cli("archive", "export", str(run_dir), best, str(out))
     assert "run.py" in text
     assert {p.name for p in out.iterdir()} == {"graph.yaml", "agent.json", "run.py"}  # v0: no adapter
-    proc = subprocess.run([sys.executable, str(out / "run.py"), "Calculate 12 + 30."],
-                          capture_output=True, text=True, timeout=120)
+    replayed = json.loads(cli("archive", "replay", str(run_dir), best, "--input", "Calculate 12 + 30.", "--json"))
+    away = run_dir.with_name(run_dir.name + "-away")
+    run_dir.rename(away)  # the archive is gone while the exported agent runs
+    try:
+        proc = subprocess.run([sys.executable, str(out / "run.py"), "Calculate 12 + 30."],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        away.rename(run_dir)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip()  # the scripted policy echoes; the graph ran end to end
+    assert replayed["output"] and proc.stdout.strip() == replayed["output"].strip()  # the same agent, the same answer
 
 
 def test_replay_prints_each_step(run):

@@ -145,7 +145,11 @@ def test_sigkill_then_resume_loses_nothing(tmp_path, snapshot):
                 pass
         time.sleep(0.05)
     victim.send_signal(signal.SIGKILL)
-    victim.wait()
+    assert victim.wait() == -signal.SIGKILL  # killed mid-run, not already finished
+    with sqlite3.connect(db) as c:
+        done = c.execute("SELECT max(generation) FROM generations").fetchone()[0]
+    assert 1 <= done < 6, done
     resumed = evoagent(tmp_path, "task.yaml", "--output", "cut", "--resume")
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
+    assert f"resuming after generation {done}" in resumed.stdout.read()  # not started over
     assert snapshot(tmp_path / "cut" / "killed") == snapshot(tmp_path / "ref" / "killed")

@@ -32,13 +32,21 @@ PARITY = "def score(answer, example):\n    return float(len(answer) % 2)\n"
 
 
 @pytest.mark.parametrize("algorithm", ["dpo", "rft", "grpo"])
-def test_dpo_rollouts_are_archived_and_read_back(tmp_path, tiny_model_dir, algorithm):
+def test_dpo_rollouts_are_archived_and_read_back(tmp_path, tiny_model_dir, algorithm, monkeypatch):
     (tmp_path / "parity_reward.py").write_text(PARITY)
     task = tmp_path / "task.yaml"
     task.write_text(SPEC.format(root=ROOT, model=tiny_model_dir, algorithm=algorithm))
+    read = Archive.trajectories_of_inputs
+    during: list[int] = []  # what each phase's read of the archive gave, during the run
+    monkeypatch.setattr(Archive, "trajectories_of_inputs",
+                        lambda self, *a: during.append(len(out := read(self, *a))) or out)
     res = CliRunner().invoke(app, ["run", str(task), "--output", str(tmp_path / "pop"),
                                    "--progress", "quiet"])
     assert res.exit_code == 0, res.output
+    # dpo and rft read the archive in each phase: nothing before the first, the first phase's
+    # 2 inputs x 4 samples in the second; grpo never reads it
+    assert during == ([] if algorithm == "grpo" else [0, 8]), during
+    monkeypatch.setattr(Archive, "trajectories_of_inputs", read)
     with Archive(tmp_path / "pop" / "pairs", write=False) as a:
         assert [r["weights_version"] for r in a.checkpoints()] == [1, 2]
         inputs = sorted({row["input_id"] for row in a.db.execute(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evoagent.rl import packing
+from evoagent.rl import packing, policy
 from evoagent.rl.packing import pack
 from evoagent.rl.policy import token_logprobs
 
@@ -35,7 +35,8 @@ def test_packed_logprobs_and_gradients_equal_the_rows_own(attention, monkeypatch
     model.config._attn_implementation = attention
     model.train()
     ids, mask, wanted = rows(64)
-    assert pack(ids, mask, 0, attention) is not None
+    packs = []  # what token_logprobs' own call to pack gave: the path each run took
+    monkeypatch.setattr(policy, "pack", lambda *a: packs.append(pack(*a)) or packs[-1])
 
     def run():
         model.zero_grad()
@@ -46,6 +47,7 @@ def test_packed_logprobs_and_gradients_equal_the_rows_own(attention, monkeypatch
     packed_lp, packed_grads = run()
     monkeypatch.setattr(packing, "MIN_SAVING", 2.0)  # never pack
     plain_lp, plain_grads = run()
+    assert packs[0] is not None and packs[1] is None
     assert torch.allclose(packed_lp, plain_lp, atol=1e-5)
     assert (packed_lp[wanted.bool() & (torch.arange(ids.shape[1]) > 0)] != 0).all()
     for a, b in zip(packed_grads, plain_grads, strict=True):

@@ -63,8 +63,14 @@ def test_train_updates_the_served_policy_and_checkpoints(tiny_backend, tmp_path)
 def test_rft_trains_only_on_successes(tiny_backend, tmp_path):
     backend = tiny_backend()
     train = [Example(str(i), f"Calculate {i} + 1.", str(i + 1)) for i in range(4)]
-    metrics = asyncio.run(phase(backend, tmp_path, algorithm="rft").train([GRAPH], train, 1)).metrics
-    assert metrics["steps_trained"] >= 1
+    res = asyncio.run(phase(backend, tmp_path, algorithm="rft").train([GRAPH], train, 1))
+    assert res.metrics["steps_trained"] >= 1
+    for k, row in enumerate(res.metrics["per_step"]):  # 2 inputs x 4 samples per step
+        trajs = res.rollouts[8 * k: 8 * (k + 1)]
+        solved = {t.input_id for t in trajs if (t.reward or 0.0) > 0}
+        # one row per input that any sample solved (its best sample, rft_top_k 1; direct.yaml
+        # is one llm step), none for the failures: GRPO would train on all 8
+        assert row.get("rows", 0.0) == len(solved) < len(trajs), (k, row)
 
 
 def nothing(answer: str, example) -> float:

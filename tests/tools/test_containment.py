@@ -60,6 +60,25 @@ def test_fork_bomb_hits_the_task_limit(mode):
         assert "Resource temporarily unavailable" in result.stderr
 
 
+@needs_cgroup
+@pytest.mark.parametrize("mode", MODES)
+def test_forking_stops_at_the_task_limit_not_at_the_hosts(mode):
+    code = (
+        "import errno, os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 1000:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(2); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print(n, errno.errorcode[e.errno])\n"
+    )
+    result = run(code, mode, max_procs=32, timeout_s=10)
+    count, why = result.stdout.split()
+    assert why == "EAGAIN" and 0 < int(count) < 32, result  # without the limit: 1000 children
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_allocating_8gb_is_memory(mode):
     result = run("x = bytearray(8 * 1024 ** 3)\nprint(len(x))", mode, memory_mb=512)
