@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from evoagent import runner
 from evoagent.check import check_spec
+from evoagent.cli import app
 from evoagent.errors import SpecError
 from evoagent.spec import load_spec
 
@@ -73,10 +77,13 @@ def test_missing_required_field(tmp_path):
         ("evolve: {selection: {kind: roulette}}\n", r"evolve\.selection\.kind: unknown selector"),
     ],
 )
-def test_unknown_names_fail_before_any_model_loads(tmp_path, extra, field):
-    spec = load_spec(write(tmp_path, GOOD + extra))
+def test_unknown_names_fail_before_any_model_loads(tmp_path, extra, field, monkeypatch):
+    task = write(tmp_path, GOOD + extra)
     with pytest.raises(SpecError, match=field):
-        check_spec(spec)
+        check_spec(load_spec(task))
+    monkeypatch.setattr(runner, "make_backends", lambda *a: pytest.fail("a model was loaded"))
+    res = CliRunner().invoke(app, ["run", str(task), "--output", str(tmp_path / "pop")])
+    assert res.exit_code == 2 and re.search(field, " ".join(res.output.split())), res.output
 
 
 def test_unknown_reward_and_tool(tmp_path):
