@@ -40,7 +40,10 @@ def test_grpo_and_gigpo_train_on_frozenlake(tmp_path):
                        steps=1, lr=1e-4, temperature=0.7, max_completion_tokens=12)
         phase = RLPhase(cfg, backend, ctx, RewardConfig(), tmp_path / algorithm, seed=version)
         phase.trainer = trainer  # one LoRA adapter: GiGPO continues from GRPO's weights
+        served = {k: v.clone() for k, v in backend.model.state_dict().items()}
         res = asyncio.run(phase.train([graph], boards, generation=version))
+        now = backend.model.state_dict()
+        assert any(not torch.equal(v, now[k]) for k, v in served.items()), "the served policy changed"
         backend.weights_version = version
         trainer = phase.trainer
         assert res.metrics["steps_trained"] == 1, res.metrics
