@@ -25,6 +25,20 @@ def clean_commit(monkeypatch):
     monkeypatch.setattr(cells, "commit", lambda root=ROOT: ("f" * 40, False))
 
 
+def git_repo(repo: Path, *dates: str) -> tuple[Path, list[str]]:
+    """A real repository with one empty commit per date, for code that asks git about commits."""
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    shas = []
+    for when in dates:
+        env = os.environ | {"GIT_COMMITTER_DATE": when, "GIT_AUTHOR_DATE": when}
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty",
+                        "-m", when], cwd=repo, check=True, env=env)
+        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                                   text=True, check=True).stdout.strip())
+    return repo, shas
+
+
 def finish(folder: Path, cell: cells.Cell, per_input: dict[str, float], wall: float = 60.0) -> None:
     cells.write(folder, cell, {"per_input": per_input, "calls": 100}, "python bench/x.py", wall)
 
@@ -71,33 +85,20 @@ def test_a_summary_speaks_of_the_commit_given_else_the_campaigns_else_head(tmp_p
     for c in grid[1:]:
         c.path(tmp_path).write_text(json.dumps(data))
     assert cells.summary_commit(None, tmp_path, grid) == "0" * 40  # the campaign's, not HEAD
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for args in (["init", "-q"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "a"]):
-        subprocess.run(["git", *args], cwd=repo, check=True)
-    full = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    repo, (full,) = git_repo(tmp_path / "repo", "2026-12-01T00:00:00")
     assert cells.summary_commit(full[:7], tmp_path, grid, root=repo) == full  # as the cells record it
     with pytest.raises(SystemExit, match="--commit: 'abbeec4' names no commit in this repository"):
         cells.summary_commit("abbeec4", tmp_path, grid, root=repo)
 
 
 def test_a_restarted_campaign_is_the_campaign_before_it_outnumbers_the_cells_left_from_before(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    shas = []
-    for when in ("2026-12-01T00:00:00", "2026-12-02T00:00:00"):
-        env = os.environ | {"GIT_COMMITTER_DATE": when, "GIT_AUTHOR_DATE": when}
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty",
-                        "-m", when], cwd=repo, check=True, env=env)
-        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip())
-    old, new = shas
+    repo, (old, new) = git_repo(tmp_path / "repo", "2026-12-01T00:00:00", "2026-12-02T00:00:00")
     grid = cells.grid(["gcd"], ["evolve"], [0, 1, 2])
     for c, sha in zip(grid, [old, old, new]):
         finish(tmp_path, c, {"a": 1.0})
         c.path(tmp_path).write_text(json.dumps(json.loads(c.path(tmp_path).read_text()) | {"commit": sha}))
-    assert cells.summary_commit(None, tmp_path, grid, root=repo) == new
-    plan = cells.plan(tmp_path, grid, cells.summary_commit(None, tmp_path, grid, root=repo), lambda c: 60.0)
+    assert (campaign := cells.summary_commit(None, tmp_path, grid, root=repo)) == new
+    plan = cells.plan(tmp_path, grid, campaign, lambda c: 60.0)
     assert plan.done == grid[2:] and set(plan.other) == set(grid[:2])
 
 

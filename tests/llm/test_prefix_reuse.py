@@ -100,4 +100,3 @@ def test_a_tiny_store_evicts_and_still_answers_right(tiny_backend):
     assert small.prefixes.bytes <= 20_000 < roomy.prefixes.bytes
     assert 0 < len(small.prefixes) < len(roomy.prefixes) and small.prefixes.hits > 0  # evicted, still reused
     assert small.prefilled_tokens > roomy.prefilled_tokens  # what the evictions cost
-

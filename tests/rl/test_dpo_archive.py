@@ -46,7 +46,6 @@ def test_dpo_rollouts_are_archived_and_read_back(tmp_path, tiny_model_dir, algor
     # dpo and rft read the archive in each phase: nothing before the first, the first phase's
     # 2 inputs x 4 samples in the second; grpo never reads it
     assert during == ([] if algorithm == "grpo" else [0, 8]), during
-    monkeypatch.setattr(Archive, "trajectories_of_inputs", read)
     with Archive(tmp_path / "pop" / "pairs", write=False) as a:
         assert [r["weights_version"] for r in a.checkpoints()] == [1, 2]
         inputs = sorted({row["input_id"] for row in a.db.execute(
