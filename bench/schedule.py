@@ -83,6 +83,11 @@ def campaign(task_names: list[str], seeds: list[int]) -> list[cells.Cell]:
     return cells.grid(task_names, ARMS, seeds)
 
 
+def phase_generations(run: dict[str, Any]) -> list[int]:
+    """After which generations a run trained: what a schedule decides, whatever its searches drew."""
+    return [step["generation"] for step in run.get("steps", []) if step["kind"] == "rl"]
+
+
 def summarize(folder: Path, grid: list[cells.Cell], at: str) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).parent))
     from headline import bootstrap, interval, paired
@@ -112,8 +117,10 @@ def summarize(folder: Path, grid: list[cells.Cell], at: str) -> dict[str, Any]:
         diffs = {f"{a}_minus_{b}": interval(boot[a] - boot[b])
                  for a, b in (("adaptive", "fixed"), ("adaptive", "evolve"), ("fixed", "evolve"))}
         same = [s for s in seeds if runs_of["adaptive"][s].get("steps") == runs_of["fixed"][s].get("steps")]
+        same_phases = [s for s in seeds if s not in same
+                       and phase_generations(runs_of["adaptive"][s]) == phase_generations(runs_of["fixed"][s])]
         out["tasks"][task] = {"seeds": seeds, "test_inputs": {str(s): len(v["evolve"]) for s, v in per_seed.items()},
-                              "rows": rows, "same_steps": same, **diffs}
+                              "rows": rows, "same_steps": same, "same_phases_only": same_phases, **diffs}
     better = [t for t, v in out["tasks"].items() if v["adaptive_minus_fixed"][0] > 0]
     worse = [t for t, v in out["tasks"].items() if v["adaptive_minus_fixed"][1] < 0]
     out["adaptive_better_on"], out["adaptive_worse_on"] = better, worse
@@ -138,6 +145,11 @@ def markdown(figures: dict[str, Any]) -> str:
         if t["same_steps"]:
             lines.append(f"- {task}: adaptive and fixed took the same steps (searches, phases, completions) "
                          f"at seed(s) {', '.join(map(str, t['same_steps']))}, so their scores there are equal.")
+        for seed in t.get("same_phases_only", []):
+            adaptive, fixed = (t["rows"][arm]["per_seed"][str(seed)] for arm in ("adaptive", "fixed"))
+            lines.append(f"- {task}: at seed {seed} adaptive and fixed trained after the same generations, yet "
+                         f"their searches then went apart (test {adaptive:.3f} against {fixed:.3f}): one "
+                         "schedule's choices, scored twice, differ by this much.")
         for arm in ARMS:
             for seed, calls in t["rows"][arm]["ended_on_rl"].items():
                 lines.append(f"- {task} {arm} seed {seed} ended on an RL phase, {calls} completions spent against "

@@ -237,19 +237,26 @@ def test_chains_are_dealt_round_robin_and_a_lane_keeps_only_its_own():
 def test_the_schedule_summary_says_where_the_arms_took_the_same_steps_and_where_a_run_ended_on_rl(
         tmp_path, monkeypatch):
     """At a budget where one phase fits, fixed and adaptive can choose alike: the summary says at
-    which seeds, so equal scores read as a tie of choices, not of schedules; a run that ended
+    which seeds, so equal scores read as a tie of choices, not of schedules, and where the same
+    choices still scored apart (the spread a schedule difference must beat); a run that ended
     on an RL phase (priced below its cost) is named with what it spent."""
-    grid = schedule.campaign(["gcd"], [0, 1])
+    grid = schedule.campaign(["gcd"], [0, 1, 2])
     alike = [{"generation": 1, "kind": "search", "requests": 259}, {"generation": 1, "kind": "rl", "requests": 900}]
     for c in grid:
-        steps = alike if c.row != "evolve" and (c.seed == 0 or c.row == "fixed") else alike[:1]
+        steps = alike if c.row != "evolve" and (c.seed in (0, 2) or c.row == "fixed") else alike[:1]
+        if (c.row, c.seed) == ("adaptive", 2):  # the same phase, then a search that drew otherwise
+            steps = alike + [{"generation": 2, "kind": "search", "requests": 300}]
         ended = "rl" if (c.row, c.seed) == ("fixed", 1) else "search"
-        cells.write(tmp_path, c, {"per_input": {"q": 1.0}, "calls": 3400 if ended == "rl" else 2100,
+        score = 0.0 if (c.row, c.seed) == ("adaptive", 2) else 1.0
+        cells.write(tmp_path, c, {"per_input": {"q": score}, "calls": 3400 if ended == "rl" else 2100,
                                   "budget": 2000, "steps": steps, "ended_on": ended}, "python bench/x.py", 60.0)
     monkeypatch.setattr(cells, "drift", lambda since, root=ROOT: "")
     figures = schedule.summarize(tmp_path, grid, "f" * 40)
     assert figures["tasks"]["gcd"]["same_steps"] == [0]
+    assert figures["tasks"]["gcd"]["same_phases_only"] == [2]
     assert figures["tasks"]["gcd"]["rows"]["fixed"]["ended_on_rl"] == {"1": 3400}
     text = schedule.markdown(figures)
     assert "gcd: adaptive and fixed took the same steps (searches, phases, completions) at seed(s) 0," in text
+    assert ("gcd: at seed 2 adaptive and fixed trained after the same generations, yet their searches then "
+            "went apart (test 0.000 against 1.000)") in text
     assert "gcd fixed seed 1 ended on an RL phase, 3400 completions spent against a budget of 2000" in text
