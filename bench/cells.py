@@ -2,8 +2,8 @@
 
 A cell is one (task, row, seed) run. Each finished cell is its own results file,
 ``<folder>/<task>/<row>-s<seed>.json``, holding what the run returned plus the command, the
-commit it ran at (and whether evoagent/ or bench/ had uncommitted changes there) and its wall
-time. A campaign that is killed, or whose machine is lent to other work, is started again and
+commit it ran at (and whether evoagent/ or bench/ had uncommitted changes there), the
+environment it ran in (``environment``) and its wall time. A campaign that is killed, or whose machine is lent to other work, is started again and
 runs only the missing cells. A campaign runs from a ``git worktree`` at one fixed commit, so
 work on main cannot change the code under it, while its cells are written into main's results
 folder (``--results``) and, with ``EVOAGENT_LAND_CELLS=1``, committed there as each finishes.
@@ -18,8 +18,10 @@ summary says how: ``drift``); that is the campaign's point, not a stale result.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -33,6 +35,7 @@ from results_io import STARTED
 
 ROOT = Path(__file__).resolve().parents[1]
 LAND = "EVOAGENT_LAND_CELLS"  # set: each finished cell is committed in the checkout it is written to
+PACKAGES = ("torch", "transformers", "reasoning-gym", "peft", "trl", "gepa", "numpy")
 
 
 @dataclass(frozen=True, order=True)
@@ -79,11 +82,63 @@ def _git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def package_versions(packages: Iterable[str]) -> dict[str, str]:
+    """Each installed distribution's version, or "not installed"."""
+    out = {}
+    for pkg in packages:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def environment() -> dict[str, str]:
+    """What a cell ran on besides the commit: Python, the package versions, the CPU and its
+    thread count. A campaign's cells run over many days on fresh machines, each installing the
+    newest releases that pyproject.toml admits; in the schedule campaign, one seed agent at one
+    run seed scored differently from one day to the next, and nothing recorded why."""
+    out = {"python": platform.python_version(), **package_versions(PACKAGES)}
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
+             if ln.startswith("model name")] if cpuinfo.is_file() else []
+    out["cpu"] = names[0] if names else platform.processor() or platform.machine()
+    out["threads"] = os.environ.get("OMP_NUM_THREADS", "all cores")
+    return out
+
+
+def environments(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct environments that ``results`` (cells' files) ran in, each with its count of
+    cells, most cells first (then in a fixed order); cells written before cells recorded one
+    count as ``{}``."""
+    groups: dict[str, dict[str, Any]] = {}
+    for r in results:
+        env = r.get("environment", {})
+        groups.setdefault(json.dumps(env, sort_keys=True), {"environment": env, "cells": 0})["cells"] += 1
+    return [g for _, g in sorted(groups.items(), key=lambda kv: (-kv[1]["cells"], kv[0]))]
+
+
+def describe_environments(envs: Sequence[dict[str, Any]]) -> str:
+    """``environments``' list in words, for a summary's markdown."""
+    def one(env: dict[str, str]) -> str:
+        if not env:
+            return "not recorded"
+        pkgs = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("cpu", "threads"))
+        return f"{pkgs}; {env.get('cpu', '?')}, threads {env.get('threads', '?')}"
+    if len(envs) == 1 and not envs[0]["environment"]:
+        return "did not record their environment (they predate that record)"
+    if len(envs) == 1:
+        return f"ran in one environment: {one(envs[0]['environment'])}"
+    return f"ran in {len(envs)} environments: " + "; ".join(
+        f"{e['cells']} cell(s) in ({one(e['environment'])})" for e in envs)
+
+
 def write(folder: Path, cell: Cell, result: dict[str, Any], command: str, seconds: float) -> Path:
     """Keep a finished cell (atomically: a kill leaves the old state, never half a file)."""
     head, dirty = commit()
     data = {"cell": {"task": cell.task, "row": cell.row, "seed": cell.seed}, "command": command,
-            "commit": head, "dirty": dirty, "wall_s": round(seconds, 1), **result}
+            "commit": head, "dirty": dirty, "environment": environment(), "wall_s": round(seconds, 1),
+            **result}
     dest = cell.path(folder)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
@@ -285,13 +340,15 @@ def summary_commit(given: str | None, folder: Path, cells: Sequence[Cell], root:
 def write_summary(
     dest: Path, figures: dict[str, Any], folder: Path, cells: Sequence[Cell], at: str, script: Path
 ) -> Path:
-    """Write a campaign's summary ``dest`` with its record: ``campaign`` (the commit, and each
-    cell file's hash, by path relative to ``dest``'s folder) and ``code`` (the bench/ files of
+    """Write a campaign's summary ``dest`` with its record: ``campaign`` (the commit, each cell
+    file's hash, by path relative to ``dest``'s folder, and the environments the cells ran in)
+    and ``code`` (the bench/ files of
     ``script``, the one that turned the cells into figures; evoagent/ ran at the commit)."""
     files = {str(c.path(folder).resolve().relative_to(dest.parent.resolve())): digest(c.path(folder).read_bytes())
              for c in cells}
     code = {p: h for p, h in manifest(script, (), STARTED).items() if p.startswith("bench/")}
-    record = {"commit": at, "evoagent_changed_since": drift(at), "cells": files}
+    record = {"commit": at, "evoagent_changed_since": drift(at), "cells": files,
+              "environments": environments(read(folder, c) or {} for c in cells)}
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps({**figures, "campaign": record, "code": code}, indent=2) + "\n")
     print(f"wrote {dest}")

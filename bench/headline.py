@@ -53,7 +53,6 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 import re
 import shutil
 import sys
@@ -405,20 +404,9 @@ def markdown(figures: dict[str, Any]) -> str:
             f"{'/'.join(t['joint_ended_on']) or '-'}; its RL phases by seed: {rl_of(t['joint_rl'])}), "
             f"policy {t['policy']}, "
             f"operator policy {t['operator_policy']}; wall-clock cap bound in {t['capped'] or 'no cell'}; "
-            f"{t['machine']}; "
-            + ", ".join(f"{k} {val}" for k, val in t["versions"].items())
+            f"its cells {cells.describe_environments(t['environments'])}"
         )
     return "\n".join(lines) + "\n"
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("evoagent-ml", "gepa", "trl", "transformers", "torch"):
-        try:
-            out[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
 
 
 # -- the whole run -------------------------------------------------------------------------------
@@ -645,8 +633,7 @@ def summarize_campaign(args: argparse.Namespace, tasks: dict[str, str], grid: li
             "capped": sorted(str(c) for c, r in mine.items() if r.get("capped")),
             "policy": args.policy or "the task's",
             "operator_policy": args.operator_policy or "the task's",
-            "versions": versions(),
-            "machine": f"{os.uname().machine}, {len(os.sched_getaffinity(0))} cores",
+            "environments": cells.environments(mine.values()),
         }
     cells.write_summary(args.out_dir / "headline.json", figures, args.cells, grid, at, Path(__file__))
     (args.out_dir / "headline.md").write_text(markdown(figures))

@@ -95,6 +95,7 @@ def summarize(folder: Path, grid: list[cells.Cell], at: str) -> dict[str, Any]:
     got = cells.gather(folder, grid, at)
     out: dict[str, Any] = {"commit": at, "evoagent_changed_since": cells.drift(at), "tasks": {}}
     out["budget"] = max((r.get("budget", 0) for r in got.values()), default=0)
+    out["environments"] = cells.environments(got.values())
     for task in sorted({c.task for c in grid}):
         seeds = sorted({c.seed for c in grid if c.task == task})
         runs_of = {arm: {s: got[cells.Cell(task, arm, s)] for s in seeds} for arm in ARMS}
@@ -155,7 +156,9 @@ def markdown(figures: dict[str, Any]) -> str:
                 lines.append(f"- {task} {arm} seed {seed} ended on an RL phase, {calls} completions spent against "
                              f"a budget of {figures['budget']}: the phase was priced below its cost.")
     lines.append("")
-    lines.append(f"Cells ran at commit {figures['commit'][:10]}; the default schedule should be "
+    lines.append(f"The cells ran at commit {figures['commit'][:10]} and "
+                 f"{cells.describe_environments(figures['environments'])}.")
+    lines.append(f"The default schedule should be "
                  f"`{figures['default_should_be']}` (adaptive better on {figures['adaptive_better_on'] or 'none'}, "
                  f"worse on {figures['adaptive_worse_on'] or 'none'}).")
     return "\n".join(lines) + "\n"

@@ -45,8 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cells
 import numpy as np
-from headline import run_search, versions
+from headline import run_search
 from results_io import RESULTS, run_kept, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,7 +236,7 @@ def main() -> None:
                                    ("budget", args.budget), ("val", args.val), ("name", args.name))
         if v != ap.get_default(k)) + (" --match-budget" if args.match_budget else "")
     figures = {"budget": args.budget, "match_budget": args.match_budget, "val": args.val, "seeds": seeds, "command": command, "machine": f"{os.cpu_count()} cores",
-               "wall_s": round(time.perf_counter() - start, 1), "versions": versions(), "tasks": tasks}
+               "wall_s": round(time.perf_counter() - start, 1), "versions": cells.package_versions(("evoagent-ml", "gepa", "trl", "transformers", "torch")), "tasks": tasks}
     inputs = tuple(Path(t).resolve().parent for t in args.tasks.split(",")) + (ROOT / "graphs",)
     write_results(args.name, figures, inputs=inputs)
     (RESULTS / f"{args.name}.md").write_text(markdown(figures))

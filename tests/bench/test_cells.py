@@ -4,8 +4,10 @@ bench/schedule.py's summary on synthetic cells with a known answer."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +111,32 @@ def test_a_cell_file_is_written_whole_with_its_commit(tmp_path):
     assert data["commit"] == "f" * 40 and not data["dirty"] and data["cell"] == {"task": "gcd", "row": "adaptive", "seed": 2}
     assert data["command"] == "python bench/x.py" and data["per_input"] == {"q1": 1.0}
     assert not list(tmp_path.rglob("*.tmp"))
+    # what it ran on besides the commit: a fresh machine may install other releases
+    env = data["environment"]
+    assert env["torch"] == importlib.metadata.version("torch") and env["python"] == platform.python_version()
+    assert env["cpu"] and env["threads"]
+
+
+def test_a_summary_names_every_environment_its_cells_ran_in(tmp_path, monkeypatch):
+    """Cells from two machines and one written before cells kept their environment: the
+    summary counts each and says that one was not recorded."""
+    grid = schedule.campaign(["gcd"], [0, 1, 2])
+    for c in grid:
+        finish(tmp_path, c, {"q1": 1.0})
+    other = cells.Cell("gcd", "fixed", 1)
+    old = cells.Cell("gcd", "evolve", 2)
+    for c, env in ((other, cells.environment() | {"transformers": "0.0.1"}), (old, None)):
+        data = json.loads(c.path(tmp_path).read_text())
+        data.pop("environment")
+        c.path(tmp_path).write_text(json.dumps(data | ({"environment": env} if env else {})))
+    monkeypatch.setattr(cells, "drift", lambda since, root=ROOT: "")
+    figures = schedule.summarize(tmp_path, grid, "f" * 40)
+    assert [e["cells"] for e in figures["environments"]] == [7, 1, 1]
+    assert figures["environments"][1]["environment"]["transformers"] == "0.0.1"
+    assert figures["environments"][2]["environment"] == {}
+    text = schedule.markdown(figures)
+    assert "ran in 3 environments: 7 cell(s) in (python " in text and "1 cell(s) in (not recorded)" in text
+    assert "transformers 0.0.1" in text
 
 
 def test_the_schedule_summary_finds_a_known_difference(tmp_path, monkeypatch):

@@ -50,10 +50,13 @@ def test_quick_runs_all_six_rows_at_the_joint_rows_budget_and_resumes_only_missi
                  for s in (0, 1)}
     assert per_input[0] == per_input[1]
     assert task["command"].startswith("python bench/headline.py --quick") and task["capped"] == []
-    assert figures["quick"] is True and task["versions"]["gepa"] != "not installed"
+    assert figures["quick"] is True
+    [env] = task["environments"]  # every cell says what it ran on, and here all ran alike
+    assert env["cells"] == 12 and env["environment"]["gepa"] != "not installed"
     table = (tmp_path / "headline.md").read_text()
     assert table.count("| chained_ops |") == 7 and "--quick" in table
     assert f"Every cell ran at commit {figures['commit'][:10]}" in table
+    assert f"its cells ran in one environment: python {env['environment']['python']}, torch" in table
     record = figures["campaign"]
     assert len(record["cells"]) == 12 and record["commit"] == figures["commit"]
 
@@ -213,7 +216,7 @@ def test_the_summary_says_which_inputs_each_half_fixed_and_whether_joint_added_t
     figures = {"tasks": {"t": headline.summarize(rows) | {"command": "c", "seeds": [0], "mutator": "m",
                "schedule": "fixed", "joint_ended_on": ["search"], "policy": "p", "operator_policy": "o",
                "joint_rl": {"0": {"phases": 0, "rl_share": 0.0}, "1": {"phases": 1, "rl_share": 0.51}},
-               "capped": [], "machine": "x", "versions": {}}}, "commit": "f" * 40, "evoagent_changed_since": ""}
+               "capped": [], "environments": [{"environment": {}, "cells": 4}]}}, "commit": "f" * 40, "evoagent_changed_since": ""}
     text = headline.markdown(figures)
     assert "evolve-only fixed 2, RL-only 2, both 1 (union - max: 1); joint fixed 2 of that union and 1 others, " \
            "and broke 1" in text
