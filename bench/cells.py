@@ -18,14 +18,16 @@ summary says how: ``drift``); that is the campaign's point, not a stale result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
 import platform
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +149,38 @@ def write(folder: Path, cell: Cell, result: dict[str, Any], command: str, second
     if os.environ.get(LAND):
         land(dest, f"{folder.name} cell {cell} (ran at {head[:10]})")
     return dest
+
+
+@contextlib.contextmanager
+def stopwatch(folder: Path, every_s: float = 30.0) -> Iterator[Callable[[], float]]:
+    """The seconds a cell has run in its run ``folder``, over every stretch: the total so far is
+    saved there every ``every_s`` seconds and on leaving, and a resumed run starts from it. A
+    campaign's cell is killed whenever a stretch of work ends and resumed in the next, so the
+    time of its last stretch alone (what a cell reported before this) was a fraction of its cost."""
+    saved = folder / "elapsed_s"
+    before = float(saved.read_text()) if saved.is_file() else 0.0
+    start = time.perf_counter()
+    total = lambda: before + time.perf_counter() - start  # noqa: E731
+    done = threading.Event()
+
+    def save() -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = saved.with_name(saved.name + ".tmp")
+        tmp.write_text(f"{total():.1f}")
+        os.replace(tmp, saved)
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            save()
+
+    thread = threading.Thread(target=beat, name="cell-stopwatch", daemon=True)
+    thread.start()
+    try:
+        yield total
+    finally:
+        done.set()
+        thread.join()
+        save()
 
 
 def spawn(folder: Path, cell: Cell, argv: list[str], what: str = "") -> dict[str, Any]:
@@ -344,11 +378,11 @@ def write_summary(
     file's hash, by path relative to ``dest``'s folder, and the environments the cells ran in)
     and ``code`` (the bench/ files of
     ``script``, the one that turned the cells into figures; evoagent/ ran at the commit)."""
-    files = {str(c.path(folder).resolve().relative_to(dest.parent.resolve())): digest(c.path(folder).read_bytes())
-             for c in cells}
+    raw = {str(c.path(folder).resolve().relative_to(dest.parent.resolve())): c.path(folder).read_bytes()
+           for c in cells}
     code = {p: h for p, h in manifest(script, (), STARTED).items() if p.startswith("bench/")}
-    record = {"commit": at, "evoagent_changed_since": drift(at), "cells": files,
-              "environments": environments(read(folder, c) or {} for c in cells)}
+    record = {"commit": at, "evoagent_changed_since": drift(at), "cells": {k: digest(b) for k, b in raw.items()},
+              "environments": environments(json.loads(b) for b in raw.values())}
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps({**figures, "campaign": record, "code": code}, indent=2) + "\n")
     print(f"wrote {dest}")
@@ -364,9 +398,9 @@ def campaign_problems(summary: Path, record: dict[str, Any], root: Path = ROOT) 
         f = summary.parent / rel
         if not f.is_file():
             out.append(f"its cell {rel} is gone")
-        elif digest(f.read_bytes()) != recorded:
+        elif digest(raw := f.read_bytes()) != recorded:
             out.append(f"its cell {rel} changed since the summary")
-        elif json.loads(f.read_text())["commit"] != record["commit"]:
+        elif json.loads(raw)["commit"] != record["commit"]:
             out.append(f"its cell {rel} ran at another commit than {record['commit'][:10]}")
     known = subprocess.run(["git", "merge-base", "--is-ancestor", record["commit"], "HEAD"], cwd=root,
                            capture_output=True).returncode == 0

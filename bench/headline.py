@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import cells  # bench/ is sys.path[0] when a script runs
+import failures
 import numpy as np
 from results_io import RESULTS
 
@@ -83,8 +84,9 @@ BOOTSTRAP = 5000
 def spec_for(task: str, row: str, out: str, budget: int | None, opts: argparse.Namespace) -> Any:
     """The task's spec as this row runs it: the run seed ``opts.run_seed``; ``opts.mutator``
     for the rows that mutate (evolve, joint, GEPA's reflection); ``opts.policy`` replacing the
-    task's policy model; under ``--quick`` (``opts.model``: a tiny folder) the budgets shrunk
-    to a wiring check and the tiny model as both, the mutator as a backend of its own."""
+    task's policy model; under ``opts.quick`` the data and budgets shrunk to a wiring check,
+    and with ``opts.model`` (``--quick``'s tiny folder) that model as both, the mutator as a
+    backend of its own."""
     from evoagent.check import check_spec
     from evoagent.spec import load_spec
     from evoagent.spec.config import RunSpec
@@ -98,9 +100,10 @@ def spec_for(task: str, row: str, out: str, budget: int | None, opts: argparse.N
     if opts.operator_policy:
         d["evolve"]["operator_policy"]["kind"] = opts.operator_policy
     mutator = {**d["policy"], "model": opts.mutator} if opts.mutator else d["mutator"]
-    if opts.model is not None:  # --quick
+    if opts.model is not None:  # --quick's tiny model, as the policy and as a mutator of its own
         d["policy"] |= {"model": opts.model, "dtype": "float32", "max_batch": 16}
         mutator = {**d["policy"], "max_batch": 8}
+    if opts.quick:  # its data and budgets, also where no model is loaded (the checks, the summary)
         d["task"]["dataset"]["size"] = 40
         d["task"]["splits"] |= {"train": 4, "val": 4, "test": 4, "exclude": None}
         d["evolve"] |= {"generations": 2, "children": 2}
@@ -406,10 +409,22 @@ def markdown(figures: dict[str, Any]) -> str:
             f"operator policy {t['operator_policy']}; wall-clock cap bound in {t['capped'] or 'no cell'}; "
             f"its cells {cells.describe_environments(t['environments'])}"
         )
-    return "\n".join(lines) + "\n"
+    for task, t in figures["tasks"].items():
+        if t.get("failures"):
+            lines += ["", *failures.markdown(task, t["failures"])]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 # -- the whole run -------------------------------------------------------------------------------
+def test_split(task: str, opts: argparse.Namespace) -> list[Any]:
+    """The test inputs every seed of ``task`` is scored on, each with what its question is,
+    drawn as the cells drew them (``spec_for``: one test split under every run seed)."""
+    from evoagent.tasks.datasets import task_data
+
+    spec = spec_for(task, "seed", "unused", None, argparse.Namespace(**{**vars(opts), "run_seed": 0}))
+    return task_data(spec.task, spec.seed, Path(spec.base_dir))[1]["test"]
+
+
 def refuse(message: str) -> None:
     print(f"headline: {message}", file=sys.stderr)
     sys.exit(2)
@@ -565,12 +580,13 @@ def keep_cell(args: argparse.Namespace) -> None:
     task_id, row, seed = args.cell
     args.row, args.run_seed = row, int(seed)
     cell = cells.Cell(task_id, row, int(seed))
-    start = time.perf_counter()
-    result = run_row(args) | {"budget": args.budget, "settings": settings(args, row),
-                              "mutator": args.mutator or "the task's",
-                              "schedule": (args.schedule or "the task's") if row == "joint" else None}
+    with cells.stopwatch(run_folder(args)) as elapsed:  # a resumed cell counts its earlier stretches
+        result = run_row(args) | {"budget": args.budget, "settings": settings(args, row),
+                                  "mutator": args.mutator or "the task's",
+                                  "schedule": (args.schedule or "the task's") if row == "joint" else None}
+    result["wall_s"] = round(elapsed(), 1)  # the cell's, not its last stretch's
     command = "python bench/headline.py " + " ".join(a for a in sys.argv[1:] if a != "--cell")
-    print("wrote", cells.write(args.out / "headline", cell, result, command, time.perf_counter() - start))
+    print("wrote", cells.write(args.out / "headline", cell, result, command, elapsed()))
     shutil.rmtree(run_folder(args), ignore_errors=True)  # kept: its run is no longer needed
 
 
@@ -634,6 +650,7 @@ def summarize_campaign(args: argparse.Namespace, tasks: dict[str, str], grid: li
             "policy": args.policy or "the task's",
             "operator_policy": args.operator_policy or "the task's",
             "environments": cells.environments(mine.values()),
+            "failures": failures.profile(test_split(task, args), runs),
         }
     cells.write_summary(args.out_dir / "headline.json", figures, args.cells, grid, at, Path(__file__))
     (args.out_dir / "headline.md").write_text(markdown(figures))

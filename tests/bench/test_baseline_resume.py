@@ -79,7 +79,7 @@ def test_a_gepa_cell_killed_partway_resumes_its_saved_state_and_counts_what_it_s
 
 def test_a_trl_cell_killed_partway_resumes_from_its_last_step(tmp_path, monkeypatch):
     pytest.importorskip("trl")
-    opts = argparse.Namespace(policy="", operator_policy="", mutator="", schedule="", joint_budget=None,
+    opts = argparse.Namespace(quick=True, policy="", operator_policy="", mutator="", schedule="", joint_budget=None,
                               run_seed=0, model=headline.tiny_model(tmp_path / "t0"))
     rl = headline.spec_for(TASK, "trl_grpo", str(tmp_path), None, opts).rl
     per_step = rl.inputs_per_step * rl.oversample * rl.group_size

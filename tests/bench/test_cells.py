@@ -117,6 +117,21 @@ def test_a_cell_file_is_written_whole_with_its_commit(tmp_path):
     assert env["cpu"] and env["threads"]
 
 
+def test_a_killed_and_resumed_cell_counts_the_time_of_every_stretch(tmp_path):
+    """A cell killed mid-run (no cleanup: a session's end, a kill -9) left its time so far in
+    its run folder, and the resumed run's clock starts from it rather than from zero."""
+    folder = tmp_path / "run"
+    code = (f"import sys, time, os; sys.path.insert(0, {str(ROOT / 'bench')!r}); import cells\n"
+            f"with cells.stopwatch(__import__('pathlib').Path({str(folder)!r}), every_s=0.05):\n"
+            "    time.sleep(1.0); os._exit(9)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 9
+    before = float((folder / "elapsed_s").read_text())
+    assert before > 0
+    with cells.stopwatch(folder) as elapsed:
+        assert elapsed() >= before
+    assert float((folder / "elapsed_s").read_text()) >= before  # saved on leaving, too
+
+
 def test_a_summary_names_every_environment_its_cells_ran_in(tmp_path, monkeypatch):
     """Cells from two machines and one written before cells kept their environment: the
     summary counts each and says that one was not recorded."""

@@ -194,7 +194,7 @@ def test_a_cell_from_other_settings_or_another_budget_is_not_this_campaigns(tmp_
 def test_the_joint_budget_unbounds_the_generations_and_stops_joint_at_that_spend(tmp_path):
     import argparse
 
-    opts = argparse.Namespace(run_seed=1, policy="", operator_policy="", mutator="", model=None,
+    opts = argparse.Namespace(quick=False, run_seed=1, policy="", operator_policy="", mutator="", model=None,
                               schedule="adaptive", joint_budget=2000)
     task = str(ROOT / "examples/sums/task.yaml")
     spec = headline.spec_for(task, "joint", str(tmp_path), None, opts)
@@ -258,7 +258,7 @@ def test_a_task_whose_test_draw_cannot_hold_its_splits_is_refused_before_any_cel
 
     sums = "examples/sums/task.yaml"
     monkeypatch.chdir(ROOT)
-    opts = argparse.Namespace(policy="", operator_policy="", mutator="", model=None, schedule="", joint_budget=2000)
+    opts = argparse.Namespace(policy="", operator_policy="", mutator="", model=None, schedule="", joint_budget=2000, quick=False)
     for seed in (0, 1, 2):  # the control task, as the campaign runs it
         spec = headline.spec_for(sums, "joint", str(tmp_path), None, argparse.Namespace(**vars(opts), run_seed=seed))
         assert spec.task.splits.test_seed == headline.TEST_SEED
