@@ -50,45 +50,47 @@ def features(example: Example) -> dict[str, str]:
 
 
 def profile(examples: Iterable[Example], rows: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, dict[str, dict[str, int]]]:
-    """Per feature and value, summed over seeds: the test inputs, those the seed row got wrong,
-    and of those the ones evolve-only, RL-only, both halves and joint got right. ``rows`` is
-    row -> seed -> a cell's result (its ``per_input`` rewards, 1 meaning right); only the
-    seeds every needed row has count. Features whose value is the same on every input are
+    """Per feature and value, summed over seeds: the test inputs, those the seed row got wrong
+    (``seed wrong``), and of those the ones each other row got right, in ``rows``' order, then
+    the ones both halves did (``evolve+rl``, where both ran). ``rows`` is row -> seed -> a
+    cell's result (its ``per_input`` rewards, 1 meaning right), the ``seed`` row among them;
+    only the seeds every row has count. Features whose value is the same on every input are
     left out."""
     by_id = {e.id: features(e) for e in examples}
-    needed = [r for r in ("seed", *HALVES, "joint") if r in rows]
-    seeds = sorted(set.intersection(*(set(rows[r]) for r in needed))) if needed else []
+    others = [r for r in rows if r != "seed"]
+    both = set(HALVES) <= set(others)
+    seeds = sorted(set.intersection(*(set(runs) for runs in rows.values())))
     out: dict[str, dict[str, dict[str, int]]] = {}
     for seed in seeds:
-        outcome = {r: rows[r][seed]["per_input"] for r in needed}
+        outcome = {r: runs[seed]["per_input"] for r, runs in rows.items()}
         for input_id, base in outcome["seed"].items():
             if input_id not in by_id:
                 raise SystemExit(f"test input {input_id!r} of seed {seed} is not in the task's test split: "
                                  "the cells ran on other data than this checkout draws")
-            right = {r: outcome[r].get(input_id, 0.0) >= 1.0 for r in needed}
+            right = {r: outcome[r].get(input_id, 0.0) >= 1.0 for r in rows}
             for feature, value in by_id[input_id].items():
                 c = out.setdefault(feature, {}).setdefault(value, dict.fromkeys(
-                    ("inputs", "seed_wrong", *HALVES, "both", "joint"), 0))
+                    ("inputs", "seed wrong", *others, *(["evolve+rl"] if both else [])), 0))
                 c["inputs"] += 1
                 if right["seed"]:
                     continue
-                c["seed_wrong"] += 1
-                for r in (*HALVES, "joint"):
-                    c[r] += int(right.get(r, False))
-                c["both"] += int(all(right.get(h, False) for h in HALVES))
+                c["seed wrong"] += 1
+                for r in others:
+                    c[r] += int(right[r])
+                if both:
+                    c["evolve+rl"] += int(all(right[h] for h in HALVES))
     return {f: dict(sorted(v.items())) for f, v in sorted(out.items()) if len(v) > 1}
 
 
 def markdown(task: str, prof: Mapping[str, Mapping[str, Mapping[str, int]]]) -> list[str]:
-    """``profile`` as a table: one line per feature value."""
+    """``profile`` as a table: one line per feature value, one column per count."""
     if not prof:
         return []
+    columns = list(next(iter(next(iter(prof.values())).values())))
     lines = [f"Which of {task}'s failures each row fixed (test inputs summed over seeds; a fix: the seed "
              "agent wrong, the row right):", "",
-             "| feature | value | inputs | seed wrong | evolve fixed | RL fixed | both | joint fixed |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| feature | value | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     for feature, values in prof.items():
         for value, c in values.items():
-            lines.append(f"| {feature} | {value} | {c['inputs']} | {c['seed_wrong']} | {c['evolve']} | "
-                         f"{c['rl']} | {c['both']} | {c['joint']} |")
+            lines.append(f"| {feature} | {value} | " + " | ".join(str(c[k]) for k in columns) + " |")
     return [*lines, ""]

@@ -650,8 +650,10 @@ def summarize_campaign(args: argparse.Namespace, tasks: dict[str, str], grid: li
             "policy": args.policy or "the task's",
             "operator_policy": args.operator_policy or "the task's",
             "environments": cells.environments(mine.values()),
-            "failures": failures.profile(test_split(task, args), runs),
         }
+        # which failures each row fixed, told by the questions
+        ordered = {r: runs[r] for r in ROWS if r in runs}
+        figures["tasks"][key]["failures"] = failures.profile(test_split(task, args), ordered)
     cells.write_summary(args.out_dir / "headline.json", figures, args.cells, grid, at, Path(__file__))
     (args.out_dir / "headline.md").write_text(markdown(figures))
     print(markdown(figures))

@@ -42,18 +42,30 @@ def test_the_profile_says_which_kind_of_failure_each_half_fixed():
             "joint": {0: wrong_but("q0", "q1", "q2", "q3"), 1: wrong_but("q0", "q1", "q2")}}
     prof = failures.profile(ex, rows)
     assert set(prof) == {"answer", "operators"}  # num_terms, num_digits and negative operands never vary
-    assert prof["operators"]["*"] == {"inputs": 4, "seed_wrong": 4, "evolve": 3, "rl": 1, "both": 1, "joint": 4}
-    assert prof["operators"]["-"] == {"inputs": 4, "seed_wrong": 4, "evolve": 0, "rl": 3, "both": 0, "joint": 3}
-    assert prof["answer"]["1 digit"] == {"inputs": 2, "seed_wrong": 0, "evolve": 0, "rl": 0, "both": 0, "joint": 0}
+    assert prof["operators"]["*"] == {"inputs": 4, "seed wrong": 4, "evolve": 3, "rl": 1, "joint": 4, "evolve+rl": 1}
+    assert prof["operators"]["-"] == {"inputs": 4, "seed wrong": 4, "evolve": 0, "rl": 3, "joint": 3, "evolve+rl": 0}
+    assert prof["answer"]["1 digit"] == {"inputs": 2, "seed wrong": 0, "evolve": 0, "rl": 0, "joint": 0, "evolve+rl": 0}
     table = failures.markdown("t", prof)
-    assert "| operators | * | 4 | 4 | 3 | 1 | 1 | 4 |" in table
-    assert "| answer | negative | 4 | 4 | 0 | 3 | 0 | 3 |" in table
+    assert "| feature | value | inputs | seed wrong | evolve | rl | joint | evolve+rl |" in table
+    assert "| operators | * | 4 | 4 | 3 | 1 | 4 | 1 |" in table
+    assert "| answer | negative | 4 | 4 | 0 | 3 | 3 | 0 |" in table
+
+
+def test_the_profile_counts_whichever_rows_ran_and_only_their_common_seeds():
+    """GEPA may be the row joint must beat: it gets its column; a half that did not run gets
+    none (and no evolve+rl), and a seed that one row lacks is left out."""
+    ex = [example(0, "9 * 8", "72"), example(1, "1 - 5", "-4")]
+    cell = lambda *right: {"per_input": {e.id: float(e.id in right) for e in ex}}  # noqa: E731
+    rows = {"seed": {0: cell(), 1: cell()}, "gepa": {0: cell("q0"), 1: cell("q0")}, "joint": {0: cell("q1")}}
+    prof = failures.profile(ex, rows)
+    assert prof["operators"]["*"] == {"inputs": 1, "seed wrong": 1, "gepa": 1, "joint": 0}
+    assert prof["operators"]["-"] == {"inputs": 1, "seed wrong": 1, "gepa": 0, "joint": 1}
 
 
 def test_a_cell_scored_on_other_questions_is_refused():
     """The summary draws the test split again: cells that ran on other data must not be told
     by this checkout's questions."""
     ex = [example(0, "9 * 8", "72"), example(1, "1 - 5", "-4")]
-    rows = {"seed": {0: {"per_input": {"q0": 0.0, "elsewhere": 0.0}}}}
+    rows = {r: {0: {"per_input": {"q0": 0.0, "elsewhere": 0.0}}} for r in ("seed", "evolve", "rl", "joint")}
     with pytest.raises(SystemExit, match="'elsewhere' of seed 0 is not in the task's test split"):
         failures.profile(ex, rows)
