@@ -136,11 +136,13 @@ def describe_environments(envs: Sequence[dict[str, Any]]) -> str:
 
 
 def write(folder: Path, cell: Cell, result: dict[str, Any], command: str, seconds: float) -> Path:
-    """Keep a finished cell (atomically: a kill leaves the old state, never half a file)."""
+    """Keep a finished cell (atomically: a kill leaves the old state, never half a file). Its
+    ``wall_s`` is ``seconds``, the cell's own time, even where ``result`` has a ``wall_s`` of
+    its own (a row's run reports its last stretch only)."""
     head, dirty = commit()
     data = {"cell": {"task": cell.task, "row": cell.row, "seed": cell.seed}, "command": command,
-            "commit": head, "dirty": dirty, "environment": environment(), "wall_s": round(seconds, 1),
-            **result}
+            "commit": head, "dirty": dirty, "environment": environment(), **result,
+            "wall_s": round(seconds, 1)}
     dest = cell.path(folder)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")

@@ -24,6 +24,35 @@ HALVES = ("evolve", "rl")
 SKIP = frozenset({"source_dataset", "source_index", "difficulty", "expression"})
 OPERATOR = re.compile(r"(?<=\s)[-+*/](?=\s)")
 NEGATIVE_OPERAND = re.compile(r"(?:^|[\s(])-\d")
+Runs = Mapping[str, Mapping[int, Mapping[str, Any]]]  # row -> run seed -> that row's result
+
+
+def fixes(seed: Mapping[str, float], row: Mapping[str, float]) -> set[str]:
+    """Inputs the seed got wrong and ``row`` got right (a reward of 1)."""
+    return {i for i, r in row.items() if r >= 1.0 and seed.get(i, 0.0) < 1.0}
+
+
+def fix_sets(rows: Runs) -> dict[str, int]:
+    """Summed over seeds, from the per-input outcomes: the inputs each half fixed against the
+    seed row (evolve, rl), both, ``union - max`` (what joint could add over the better half if
+    the halves' fixes added up), how many of the union and of the rest joint fixed, and the
+    inputs joint broke (the seed right, joint wrong). Why joint did or did not add up."""
+    out = dict.fromkeys(("evolve", "rl", "both", "union_minus_max", "joint_of_union", "joint_other",
+                         "joint_broke"), 0)
+    for seed in rows["seed"]:
+        base = rows["seed"][seed]["per_input"]
+        fe, fr = fixes(base, rows["evolve"][seed]["per_input"]), fixes(base, rows["rl"][seed]["per_input"])
+        joint = rows["joint"][seed]["per_input"]
+        fj = fixes(base, joint)
+        union = fe | fr
+        out["evolve"] += len(fe)
+        out["rl"] += len(fr)
+        out["both"] += len(fe & fr)
+        out["union_minus_max"] += len(union) - max(len(fe), len(fr))
+        out["joint_of_union"] += len(fj & union)
+        out["joint_other"] += len(fj - union)
+        out["joint_broke"] += sum(1 for i, r in base.items() if r >= 1.0 and joint.get(i, 0.0) < 1.0)
+    return out
 
 
 def answer_form(answer: str) -> str:
@@ -49,7 +78,7 @@ def features(example: Example) -> dict[str, str]:
     return out
 
 
-def profile(examples: Iterable[Example], rows: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, dict[str, dict[str, int]]]:
+def profile(examples: Iterable[Example], rows: Runs) -> dict[str, dict[str, dict[str, int]]]:
     """Per feature and value, summed over seeds: the test inputs, those the seed row got wrong
     (``seed wrong``), and of those the ones each other row got right, in ``rows``' order, then
     the ones both halves did (``evolve+rl``, where both ran). ``rows`` is row -> seed -> a
@@ -62,23 +91,23 @@ def profile(examples: Iterable[Example], rows: Mapping[str, Mapping[int, Mapping
     seeds = sorted(set.intersection(*(set(runs) for runs in rows.values())))
     out: dict[str, dict[str, dict[str, int]]] = {}
     for seed in seeds:
-        outcome = {r: runs[seed]["per_input"] for r, runs in rows.items()}
-        for input_id, base in outcome["seed"].items():
+        base = rows["seed"][seed]["per_input"]
+        fixed = {r: fixes(base, rows[r][seed]["per_input"]) for r in others}
+        for input_id in base:
             if input_id not in by_id:
                 raise SystemExit(f"test input {input_id!r} of seed {seed} is not in the task's test split: "
                                  "the cells ran on other data than this checkout draws")
-            right = {r: outcome[r].get(input_id, 0.0) >= 1.0 for r in rows}
             for feature, value in by_id[input_id].items():
                 c = out.setdefault(feature, {}).setdefault(value, dict.fromkeys(
                     ("inputs", "seed wrong", *others, *(["evolve+rl"] if both else [])), 0))
                 c["inputs"] += 1
-                if right["seed"]:
+                if base[input_id] >= 1.0:
                     continue
                 c["seed wrong"] += 1
                 for r in others:
-                    c[r] += int(right[r])
+                    c[r] += int(input_id in fixed[r])
                 if both:
-                    c["evolve+rl"] += int(all(right[h] for h in HALVES))
+                    c["evolve+rl"] += int(all(input_id in fixed[h] for h in HALVES))
     return {f: dict(sorted(v.items())) for f, v in sorted(out.items()) if len(v) > 1}
 
 

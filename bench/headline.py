@@ -319,7 +319,7 @@ def summarize(rows: Runs) -> dict[str, Any]:
         },
     }
     if {"joint", "evolve", "rl"} <= set(names):
-        out["fixes"] = fix_sets(rows)
+        out["fixes"] = failures.fix_sets(rows)
     if "joint" in names and len(names) > 1:
         best = max((n for n in names if n != "joint"), key=lambda n: (means[n], n))
         out["best_other"] = best
@@ -328,34 +328,6 @@ def summarize(rows: Runs) -> dict[str, Any]:
             str(s): round(float((per_seed[s]["joint"] - per_seed[s][best]).mean()), 3)
             for s in per_seed
         }
-    return out
-
-
-def fixes(seed: dict[str, float], row: dict[str, float]) -> set[str]:
-    """Inputs the seed got wrong and ``row`` got right (a reward of 1)."""
-    return {i for i, r in row.items() if r >= 1.0 and seed.get(i, 0.0) < 1.0}
-
-
-def fix_sets(rows: Runs) -> dict[str, int]:
-    """Summed over seeds, from the per-input outcomes: the inputs each half fixed against the
-    seed row (evolve, rl), both, ``union - max`` (what joint could add over the better half if
-    the halves' fixes added up), how many of the union and of the rest joint fixed, and the
-    inputs joint broke (the seed right, joint wrong). Why joint did or did not add up."""
-    out = dict.fromkeys(("evolve", "rl", "both", "union_minus_max", "joint_of_union", "joint_other",
-                         "joint_broke"), 0)
-    for seed in rows["seed"]:
-        base = rows["seed"][seed]["per_input"]
-        fe, fr = fixes(base, rows["evolve"][seed]["per_input"]), fixes(base, rows["rl"][seed]["per_input"])
-        joint = rows["joint"][seed]["per_input"]
-        fj = fixes(base, joint)
-        union = fe | fr
-        out["evolve"] += len(fe)
-        out["rl"] += len(fr)
-        out["both"] += len(fe & fr)
-        out["union_minus_max"] += len(union) - max(len(fe), len(fr))
-        out["joint_of_union"] += len(fj & union)
-        out["joint_other"] += len(fj - union)
-        out["joint_broke"] += sum(1 for i, r in base.items() if r >= 1.0 and joint.get(i, 0.0) < 1.0)
     return out
 
 
@@ -584,7 +556,6 @@ def keep_cell(args: argparse.Namespace) -> None:
         result = run_row(args) | {"budget": args.budget, "settings": settings(args, row),
                                   "mutator": args.mutator or "the task's",
                                   "schedule": (args.schedule or "the task's") if row == "joint" else None}
-    result["wall_s"] = round(elapsed(), 1)  # the cell's, not its last stretch's
     command = "python bench/headline.py " + " ".join(a for a in sys.argv[1:] if a != "--cell")
     print("wrote", cells.write(args.out / "headline", cell, result, command, elapsed()))
     shutil.rmtree(run_folder(args), ignore_errors=True)  # kept: its run is no longer needed

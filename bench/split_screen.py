@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import cells
-from headline import fixes
+from failures import fixes
 from results_io import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]

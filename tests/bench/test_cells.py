@@ -111,6 +111,9 @@ def test_a_cell_file_is_written_whole_with_its_commit(tmp_path):
     assert data["commit"] == "f" * 40 and not data["dirty"] and data["cell"] == {"task": "gcd", "row": "adaptive", "seed": 2}
     assert data["command"] == "python bench/x.py" and data["per_input"] == {"q1": 1.0}
     assert not list(tmp_path.rglob("*.tmp"))
+    # the cell's own time wins over a row's (a resumed row's run knows its last stretch only)
+    cells.write(tmp_path, cell, {"per_input": {"q1": 1.0}, "wall_s": 5.0}, "python bench/x.py", 120.0)
+    assert json.loads((tmp_path / "gcd" / "adaptive-s2.json").read_text())["wall_s"] == 120.0
     # what it ran on besides the commit: a fresh machine may install other releases
     env = data["environment"]
     assert env["torch"] == importlib.metadata.version("torch") and env["python"] == platform.python_version()
