@@ -22,6 +22,7 @@ inputs come from run seed 100, never one of the headline's seeds (0, 1, 2).
     python bench/split_screen.py            # run the missing cells, then write the summary
     python bench/split_screen.py --plan     # done and missing cells
     python bench/split_screen.py --summarize  # split_screen.json/.md from the cells, at their commit
+    python bench/split_screen.py --screened gcd-L0 > screened.jsonl  # a later task's splits.exclude
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -188,10 +190,18 @@ def main() -> None:
     ap.add_argument("--summarize", action="store_true",
                     help="write split_screen.json/.md beside --results from the cells, running none")
     ap.add_argument("--commit", help="with --summarize: the campaign's commit (default: the newest a done cell ran at)")
+    ap.add_argument("--screened", metavar="KEY",
+                    help="print a candidate level's screening questions (KEY such as gcd-L0) as the JSONL "
+                         "a later task's splits.exclude reads, and stop")
     ap.add_argument("--cell", nargs=2, metavar=("TASK", "ROW"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
     sys.path.insert(0, str(Path(__file__).parent))
+    if args.screened:
+        with tempfile.TemporaryDirectory() as work:
+            for question in screened(args.screened, Path(work)):
+                print(json.dumps({"question": question}))
+        return
     if args.cell:
         cell = cells.Cell(args.cell[0], args.cell[1], SEED)
         start = time.perf_counter()

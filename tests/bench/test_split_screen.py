@@ -3,6 +3,8 @@ and every candidate's task as it writes it passes the spec check (the splits fit
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,3 +57,13 @@ def test_the_screened_questions_are_the_screens_test_split(tmp_path):
     assert len(questions) == split_screen.SCREEN == len(set(questions))
     assert all(q.startswith("Find the Greatest Common Divisor") for q in questions)
     assert questions == split_screen.screened("gcd-L0", tmp_path / "again")
+
+
+@pytest.mark.parametrize(("example", "key"), [("basic_arithmetic", "basic_arithmetic-L0"),
+                                              ("products_2x1", "products-L0"), ("chain_sum3", "chain_sum3-L0")])
+def test_a_headline_task_excludes_what_the_screen_wrote(example, key):
+    """The exclusion file a headline task carries is what ``--screened`` prints for its
+    screened level: the screen's questions, which its test split must not hold."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "split_screen.py"), "--screened", key],
+                         capture_output=True, text=True, check=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}).stdout
+    assert out == (ROOT / "examples" / example / "screened.jsonl").read_text()
