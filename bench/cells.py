@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -290,16 +290,20 @@ def read(folder: Path, cell: Cell) -> dict[str, Any] | None:
 @dataclass
 class Plan:
     """Where a campaign stands: its cells done at the campaign's commit, those done at another
-    commit (shown, never summarized), and those missing, with an estimate of the hours left."""
+    commit (shown, never summarized), and those missing, with an estimate of the hours left.
+    Each done cell's mean test reward is shown as it stands, so a campaign of many days can be
+    watched as it goes; the summary's intervals wait for every cell."""
 
     done: list[Cell]
     other: dict[Cell, str]  # cell -> the commit it ran at
     missing: list[Cell]
     hours_left: float
+    scores: dict[Cell, float] = field(default_factory=dict)  # done cell -> its mean test reward
 
     def describe(self) -> str:
         lines = [f"{len(self.done)} done, {len(self.missing)} missing, {len(self.other)} from "
                  f"another commit; about {self.hours_left:.1f} h of CPU left"]
+        lines += [f"  done     {c}: {self.scores[c]:.3f}" for c in self.done]
         lines += [f"  missing  {c}" for c in self.missing]
         lines += [f"  other    {c} (ran at {sha[:10]})" for c, sha in self.other.items()]
         return "\n".join(lines)
@@ -309,7 +313,7 @@ def plan(folder: Path, cells: Sequence[Cell], at: str | None, guess_s: Callable[
     """Sort ``cells`` into done (at commit ``at``; any commit when None), from another commit,
     and missing. The hours left are the mean wall time of the done cells of the same row, or
     ``guess_s(cell)`` for a row with none done yet."""
-    done, other, missing = [], {}, []
+    done, other, missing, scores = [], {}, [], {}
     walls: dict[str, list[float]] = {}
     for c in cells:
         data = read(folder, c)
@@ -320,9 +324,10 @@ def plan(folder: Path, cells: Sequence[Cell], at: str | None, guess_s: Callable[
             missing.append(c)
         else:
             done.append(c)
+            scores[c] = sum(data["per_input"].values()) / max(len(data["per_input"]), 1)
             walls.setdefault(c.row, []).append(float(data["wall_s"]))
     seconds = sum(sum(walls[c.row]) / len(walls[c.row]) if c.row in walls else guess_s(c) for c in missing)
-    return Plan(done, other, missing, seconds / 3600)
+    return Plan(done, other, missing, seconds / 3600, scores)
 
 
 def gather(folder: Path, cells: Sequence[Cell], at: str, dirty_ok: bool = False) -> dict[Cell, dict[str, Any]]:

@@ -49,7 +49,7 @@ def test_a_resumed_campaign_runs_only_its_missing_cells_and_marks_another_commit
     grid = cells.grid(["gcd", "sums"], ["evolve", "fixed"], [0, 1])
     head, _ = cells.commit()
     for c in grid[:3]:
-        finish(tmp_path, c, {"a": 1.0}, wall=120.0)
+        finish(tmp_path, c, {"a": 1.0, "b": 1.0 if c.task == "sums" else 0.0}, wall=120.0)
     other = grid[3]
     finish(tmp_path, other, {"a": 0.0})
     data = json.loads(other.path(tmp_path).read_text()) | {"commit": "0" * 40}
@@ -62,6 +62,8 @@ def test_a_resumed_campaign_runs_only_its_missing_cells_and_marks_another_commit
     guess = sum(120.0 if c.row in {d.row for d in plan.done} else 3600.0 for c in plan.missing)
     assert plan.hours_left == pytest.approx(guess / 3600)
     assert "other    sums/fixed-s0 (ran at 0000000000)" in plan.describe()
+    # a done cell's mean test reward as it stands, for watching a campaign of many days
+    assert "done     gcd/evolve-s0: 0.500" in plan.describe() and "done     sums/evolve-s0: 1.000" in plan.describe()
     with pytest.raises(SystemExit, match="cell sums/fixed-s0 ran at 0000000000, not at the campaign's commit"):
         cells.gather(tmp_path, grid[:4], head)
     with pytest.raises(SystemExit, match="cell gcd/evolve-s1 is missing"):
