@@ -24,7 +24,7 @@ from evoagent.graph import AgentGraph
 from evoagent.llm.backend import Backend
 from evoagent.rl.curriculum import LEVEL_KEY, next_level, train_at
 from evoagent.rl.rollback import judge
-from evoagent.rl.schedule import RL, Step, expected_rl_requests, make_schedule
+from evoagent.rl.schedule import RL, Step, make_schedule
 from evoagent.rl.shaping import EXPLORATION_KEY
 from evoagent.spec.config import RunSpec
 from evoagent.tasks.datasets import Example, excluded_questions
@@ -79,24 +79,29 @@ class RLTurn:
         cap = cfg.evolve.max_calls
         if cap is None:
             return True
-        need = expected_rl_requests(steps, lambda: self._first_phase_requests(pending))
+        # what it asks at most, or the last phase's cost where an agent's episodes asked more
+        need = max([s.requests for s in steps if s.kind == RL][-1:] + [self._phase_requests(pending)])
         if spent + need < cap:
             return True
         self.reporter.log(f"gen {gen}: no RL phase: about {need} completions would leave no search "
                           f"generation within evolve.max_calls {cap}; the run ends on the program")
         return False
 
-    def _first_phase_requests(self, pending: Pending) -> int:
-        """Before any phase has run, what one costs: its rollouts of the elite and the
-        re-scoring of the top agents after it, in episodes, each episode costing the completions
-        that agent's own episodes asked so far (a best-of-5 agent asks 5 per input, a plain one
-        1: a generation's average would price a best-of-5 elite at a fraction of its cost)."""
+    def _phase_requests(self, pending: Pending) -> int:
+        """What a phase of the agents ranked now asks at most: the elite's rollouts, the
+        reserve's (``rl.spread_agents``) as if every input's samples agreed (the reserve rolls out
+        only on those, and at a low score most do: priced without them, a phase once spent 3,376
+        completions of a 2,000 budget), and the re-scoring of the top agents after it. An
+        episode costs the completions that agent's own episodes asked so far (a best-of-5 agent
+        asks 5 per input, a plain one 1: a generation's average would price a best-of-5 elite at
+        a fraction of its cost)."""
         rl, val = self.spec.rl, len(self.splits["val"])
         pool, _ = self._ranked(pending, pending.version)
         drawn = min(rl.inputs_per_step * rl.oversample, len(self.splits["train"]))
-        cost = [self._per_episode(c.id, pending) for c in pool[: self._rescored()]]  # the elite lead them
-        rollouts = rl.steps * drawn * rl.group_size * sum(cost[: rl.elite])
-        rescoring = val * sum(cost)
+        rolled, rescored = rl.elite + rl.spread_agents, self._rescored()
+        cost = [self._per_episode(c.id, pending) for c in pool[: max(rolled, rescored)]]  # the elite lead
+        rollouts = rl.steps * drawn * rl.group_size * sum(cost[:rolled])
+        rescoring = val * sum(cost[:rescored])
         return round(rollouts + rescoring)
 
     def _per_episode(self, agent_id: str, pending: Pending) -> float:

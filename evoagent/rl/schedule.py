@@ -130,11 +130,3 @@ class Adaptive:
 
 _REGISTRY.add("fixed", lambda every, discount, explore: Fixed(every))
 _REGISTRY.add("adaptive", Adaptive)
-
-
-def expected_rl_requests(steps: Sequence[Step], first_guess: Callable[[], int]) -> int:
-    """What the next phase will likely cost: the last phase's cost, or before any phase
-    ``first_guess()`` (the loop's count of the rollouts and re-scoring a phase asks for, which
-    ranks the pool and may read the archive: asked only when no phase has run)."""
-    phases = [s.requests for s in steps if s.kind == RL]
-    return phases[-1] if phases else first_guess()

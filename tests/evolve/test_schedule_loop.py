@@ -142,9 +142,11 @@ def test_a_phase_that_spends_past_the_budget_is_still_followed_by_a_search_gener
     assert any("ended on an RL phase: one more search generation runs under its weights" in m for m in log.lines)
 
 
-def test_a_first_phase_is_priced_by_the_completions_of_the_agents_it_runs(tmp_path):
+def test_a_phase_is_priced_by_the_completions_of_the_agents_it_runs_the_reserve_included(tmp_path):
     """A best-of-5 elite asks 5 completions per episode: the generation's average (here mostly
-    plain agents, 1 each) would price its phase at a fraction of what it costs."""
+    plain agents, 1 each) would price its phase at a fraction of what it costs. The reserve
+    (``spread_agents``) rolls out on every input whose samples agreed, at a low score nearly all:
+    priced as if on each, so a phase cannot spend the rest of the budget unforeseen."""
     spec, *_ = run(tmp_path, lambda v: True, generations=1)
     turn = RLTurn.__new__(RLTurn)
     turn.spec, turn.splits = spec, {"val": [None] * 8, "train": [None] * 4}
@@ -152,11 +154,13 @@ def test_a_first_phase_is_priced_by_the_completions_of_the_agents_it_runs(tmp_pa
     turn._ranked = lambda pending, version: (pool, None)
     episode = lambda agent, calls: SimpleNamespace(agent_id=agent, llm_steps=[None] * calls)  # noqa: E731
     pending = SimpleNamespace(version=0, trajectories=[
-        ("val", episode("a", 5), 0), ("val", episode("a", 5), 0),
-        *(("val", episode(agent, 1), 0) for agent in "bcde" for _ in range(4))])
+        ("val", episode("a", 5), 0), ("val", episode("a", 5), 0), ("val", episode("b", 3), 0),
+        *(("val", episode(agent, 1), 0) for agent in "cde" for _ in range(4))])
     rl = spec.rl  # steps 1, elite 1; inputs_per_step 4 and group_size 4 by default; 4 re-scored
-    rollouts = rl.steps * min(rl.inputs_per_step * rl.oversample, 4) * rl.group_size * 5
-    assert turn._first_phase_requests(pending) == rollouts + 8 * (5 + 1 + 1 + 1)
+    episodes = rl.steps * min(rl.inputs_per_step * rl.oversample, 4) * rl.group_size  # per agent rolled out
+    assert turn._phase_requests(pending) == episodes * 5 + 8 * (5 + 3 + 1 + 1)
+    turn.spec = spec.model_copy(update={"rl": rl.model_copy(update={"spread_agents": 2})})
+    assert turn._phase_requests(pending) == episodes * (5 + 3 + 1) + 8 * (5 + 3 + 1 + 1)
 
 
 def test_a_phase_that_made_the_best_agent_worse_is_rolled_back_and_said_so(tmp_path):

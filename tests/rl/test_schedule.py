@@ -7,7 +7,7 @@ import pytest
 from evoagent.errors import SpecError
 from evoagent.rl.config import RLConfig
 from evoagent.rl.rollback import judge
-from evoagent.rl.schedule import RL, SEARCH, Adaptive, Step, expected_rl_requests, make_schedule
+from evoagent.rl.schedule import RL, SEARCH, Adaptive, Step, make_schedule
 
 
 def steps(*spec: tuple[str, int, float]) -> list[Step]:
@@ -54,15 +54,6 @@ def test_adaptive_weighs_recent_steps_more():
     search = [(SEARCH, 100, 0.01)] * 2
     assert not adaptive.wants_rl(6, steps((RL, 300, 0.3), *search, (RL, 300, -0.3), *search))
     assert adaptive.wants_rl(6, steps((RL, 300, -0.3), *search, (RL, 300, 0.3), *search))
-
-
-def test_a_phase_is_priced_at_the_last_ones_cost_and_only_the_first_by_the_loops_count():
-    def count() -> int:
-        raise AssertionError("priced from the pool although a phase has run")
-
-    steps = [Step(1, SEARCH, 200, 0.1), Step(1, RL, 900, 0.0), Step(2, SEARCH, 150, 0.0), Step(2, RL, 700, 0.0)]
-    assert expected_rl_requests(steps, count) == 700
-    assert expected_rl_requests(steps[:1], lambda: 3400) == 3400
 
 
 def test_a_spec_naming_an_unknown_schedule_or_adaptive_without_rl_is_refused():
