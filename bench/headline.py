@@ -58,6 +58,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,7 @@ def summarize(rows: Runs) -> dict[str, Any]:
                 k: round(float(np.mean([r[k] for r in rows[n].values()])), 1)
                 for k in ("calls", "tokens", "wall_s")
             },
+            **steps_of(rows[n].values()),
         }
         for n in names
     }
@@ -331,6 +333,22 @@ def summarize(rows: Runs) -> dict[str, Any]:
     return out
 
 
+def steps_of(results: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """A row's program-search generations (those that made children) and RL phases, mean over
+    seeds; empty for a row with no steps of the joint loop (seed, GEPA, TRL). Where joint does
+    not add the halves' fixes up, this says whether it had the search generations to find the
+    program fixes evolve-only found."""
+    runs = [r["steps"] if isinstance(r.get("steps"), list) else [] for r in results]  # TRL's: a count
+    if not any(runs):
+        return {}
+
+    def mean(kind: str) -> float:
+        return round(float(np.mean([sum(1 for s in steps if s["kind"] == kind and s["requests"] > 0)
+                                     for steps in runs])), 1)
+
+    return {"search_generations": mean("search"), "rl_phases": mean("rl")}
+
+
 def rl_of(joint: dict[str, dict[str, Any]]) -> str:
     """Joint's RL phases and their share of its completions, seed by seed: under a budget it
     skips a phase that would leave no search generation, so a seed may have none."""
@@ -340,24 +358,25 @@ def rl_of(joint: dict[str, dict[str, Any]]) -> str:
 
 def markdown(figures: dict[str, Any]) -> str:
     lines = [
-        "| task | row | test (mean of seeds) | 95% CI | per seed | model calls | tokens "
-        "| wall (min) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task | row | test (mean of seeds) | 95% CI | per seed | model calls | search gens / RL phases "
+        "| tokens | wall (min) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for task, t in figures["tasks"].items():
         for name in ROWS:
             if name in t["rows"]:
                 r = t["rows"][name]
                 seeds = ", ".join(f"{v:.3f}" for v in r["per_seed"].values())
+                steps = f"{r['search_generations']:g} / {r['rl_phases']:g}" if "rl_phases" in r else "-"
                 lines.append(
                     f"| {task} | {name} | {r['test']:.3f} | [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] | "
-                    f"{seeds} | {r['calls']:.0f} | {r['tokens']:.0f} | {r['wall_s'] / 60:.1f} |"
+                    f"{seeds} | {r['calls']:.0f} | {steps} | {r['tokens']:.0f} | {r['wall_s'] / 60:.1f} |"
                 )
         if "joint_minus_best_other" in t:
             lo, hi = t["joint_minus_best_other"]
             seeds = ", ".join(f"{v:+.3f}" for v in t["joint_minus_best_other_per_seed"].values())
             lines.append(
-                f"| {task} | joint - {t['best_other']} | | [{lo:+.3f}, {hi:+.3f}] | {seeds} | | | |"
+                f"| {task} | joint - {t['best_other']} | | [{lo:+.3f}, {hi:+.3f}] | {seeds} | | | | |"
             )
     lines.append("")
     for task, t in figures["tasks"].items():

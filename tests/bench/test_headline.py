@@ -209,6 +209,9 @@ def test_the_summary_says_which_inputs_each_half_fixed_and_whether_joint_added_t
     row = lambda right: {"per_input": {i: float(i in right) for i in ids}, "calls": 1, "tokens": 1, "wall_s": 1}  # noqa: E731
     rows = {"seed": {0: row({"q0", "q1"})}, "evolve": {0: row({"q0", "q1", "q2", "q3"})},
             "rl": {0: row({"q0", "q1", "q3", "q4"})}, "joint": {0: row({"q0", "q2", "q4", "q5"})}}
+    step = lambda kind, requests: {"kind": kind, "requests": requests}  # noqa: E731
+    rows["rl"][0]["steps"] = [step("search", 0), step("rl", 8), step("search", 0), step("rl", 8)]
+    rows["joint"][0]["steps"] = [step("search", 10), step("rl", 20), step("search", 5)]
     f = headline.summarize(rows)["fixes"]
     # evolve fixes q2, q3; RL q3, q4; joint fixes q2 and q4 of that union, q5 besides, and breaks q1
     assert f == {"evolve": 2, "rl": 2, "both": 1, "union_minus_max": 1, "joint_of_union": 2,
@@ -222,6 +225,10 @@ def test_the_summary_says_which_inputs_each_half_fixed_and_whether_joint_added_t
            "and broke 1" in text
     # under a budget joint may skip RL at a seed: the summary says so, seed by seed
     assert "its RL phases by seed: 0: 0 (0% of its completions), 1: 1 (51% of its completions))" in text
+    # what each row spent its completions on: joint two search generations around one RL phase,
+    # RL-only's children-free generations not counted; the seed row has no steps at all
+    assert "| t | joint | 0.667 | " in text and "| 1 | 2 / 1 | 1 | 0.0 |" in text
+    assert "| 1 | 0 / 2 | 1 | 0.0 |" in text and "| 1 | - | 1 | 0.0 |" in text
 
 
 def test_a_cell_killed_after_its_search_resumes_its_archive_and_spends_nothing_again(tmp_path, monkeypatch, capsys):
