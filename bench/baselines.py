@@ -323,7 +323,13 @@ def trl_grpo_row(
         use_cpu=device == "cpu",
         bf16=resolve_dtype(spec.policy.dtype, device) == "bfloat16",
         max_steps=steps,
-        per_device_train_batch_size=per_step,
+        # one group per forward and backward, accumulated to one optimizer step of per_step
+        # completions (TRL generates them together and normalizes the loss over all of them):
+        # the same step, as evoagent's trainer takes it in micro-batches; a per_step-wide
+        # forward holds every sequence's logits at once: two headline TRL cells doing that side
+        # by side, beside the test suite, ran a 24 GB machine out of memory
+        per_device_train_batch_size=rl.group_size,
+        gradient_accumulation_steps=per_step // rl.group_size,
         num_generations=rl.group_size,
         max_completion_length=node.max_tokens,
         learning_rate=rl.lr,
